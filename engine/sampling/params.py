@@ -1,0 +1,103 @@
+"""Per-request sampling and stopping parameters, validated once when a request is made."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_LEN = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_TOP_LOGPROBS = 20
+
+
+class InvalidRequestError(ValueError):
+    """A user mistake in a request (maps to INVALID_ARGUMENT at the service edge)."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(message)
+
+
+def _finite(name: str, value: float) -> None:
+    _check(isinstance(value, (int, float)) and math.isfinite(value), f"{name} must be a finite number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample and when to stop. `temperature=0` (or `top_k=1`) is greedy.
+
+    `max_new_tokens=None` means "whatever fits in the context after the prompt".
+    `repetition_penalty` follows transformers (prompt and output tokens, divides positive logits);
+    `frequency_penalty` / `presence_penalty` follow OpenAI (output tokens only, subtracted).
+    """
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_new_tokens: int | None = 128
+    min_new_tokens: int = 0
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    include_stop_str: bool = False
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    top_logprobs: int = 0
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        # Accept lists from callers but store tuples so the object stays hashable and immutable.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self.validate()
+
+    def validate(self) -> None:
+        _finite("temperature", self.temperature)
+        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _finite("top_p", self.top_p)
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
+               f"top_k must be -1 or 0 (disabled) or a positive integer, got {self.top_k}")
+        _finite("min_p", self.min_p)
+        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
+        _check(self.seed is None or 0 <= self.seed < 2**64, f"seed must be in [0, 2^64), got {self.seed}")
+        _check(self.max_new_tokens is None or self.max_new_tokens >= 1,
+               f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _check(self.min_new_tokens >= 0, f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        _check(self.max_new_tokens is None or self.min_new_tokens <= self.max_new_tokens,
+               f"min_new_tokens ({self.min_new_tokens}) must not exceed max_new_tokens ({self.max_new_tokens})")
+        _check(len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        for s in self.stop:
+            _check(isinstance(s, str) and len(s) > 0, "stop strings must be non-empty")
+            _check(len(s) <= MAX_STOP_STRING_LEN,
+                   f"stop strings must be at most {MAX_STOP_STRING_LEN} characters, got {len(s)}")
+        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+               f"at most {MAX_STOP_TOKEN_IDS} stop token ids, got {len(self.stop_token_ids)}")
+        _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be >= 0")
+        _finite("repetition_penalty", self.repetition_penalty)
+        _check(0 < self.repetition_penalty <= 2, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            _finite(name, value)
+            _check(-2 <= value <= 2, f"{name} must be in [-2, 2], got {value}")
+        _check(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+               f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0
