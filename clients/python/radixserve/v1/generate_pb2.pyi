@@ -257,7 +257,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("version", "running_requests", "waiting_requests", "kv_pages_total", "kv_pages_free", "kv_pages_evictable", "prefix_cache_hit_rate", "kv_pages_protected", "page_size", "cached_tokens_total", "prompt_tokens_total")
+    __slots__ = ("version", "running_requests", "waiting_requests", "kv_pages_total", "kv_pages_free", "kv_pages_evictable", "prefix_cache_hit_rate", "kv_pages_protected", "page_size", "cached_tokens_total", "prompt_tokens_total", "gateway_live_requests", "detokenizer_live_requests")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +269,8 @@ class GetServerInfoResponse(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_LIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    DETOKENIZER_LIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     version: str
     running_requests: int
     waiting_requests: int
@@ -280,4 +282,6 @@ class GetServerInfoResponse(_message.Message):
     page_size: int
     cached_tokens_total: int
     prompt_tokens_total: int
-    def __init__(self, version: _Optional[str] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., kv_pages_evictable: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_pages_protected: _Optional[int] = ..., page_size: _Optional[int] = ..., cached_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ...) -> None: ...
+    gateway_live_requests: int
+    detokenizer_live_requests: int
+    def __init__(self, version: _Optional[str] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., kv_pages_evictable: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_pages_protected: _Optional[int] = ..., page_size: _Optional[int] = ..., cached_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., gateway_live_requests: _Optional[int] = ..., detokenizer_live_requests: _Optional[int] = ...) -> None: ...

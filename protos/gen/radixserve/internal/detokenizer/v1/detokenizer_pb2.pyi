@@ -131,3 +131,15 @@ class SubscribeResponse(_message.Message):
     DELTAS_FIELD_NUMBER: _ClassVar[int]
     deltas: _containers.RepeatedCompositeFieldContainer[RequestDelta]
     def __init__(self, deltas: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("live_requests", "subscribers")
+    LIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERS_FIELD_NUMBER: _ClassVar[int]
+    live_requests: int
+    subscribers: int
+    def __init__(self, live_requests: _Optional[int] = ..., subscribers: _Optional[int] = ...) -> None: ...

@@ -46,6 +46,11 @@ class DetokenizerServiceStub:
                 request_serializer=radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.SubscribeRequest.SerializeToString,
                 response_deserializer=radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.SubscribeResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/radixserve.internal.detokenizer.v1.DetokenizerService/GetStats',
+                request_serializer=radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.GetStatsResponse.FromString,
+                _registered_method=True)
 
 
 class DetokenizerServiceServicer:
@@ -68,6 +73,13 @@ class DetokenizerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """GetStats reports per-request state held (zero when idle: nothing leaks).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DetokenizerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +92,11 @@ def add_DetokenizerServiceServicer_to_server(servicer, server):
                     servicer.Subscribe,
                     request_deserializer=radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.SubscribeRequest.FromString,
                     response_serializer=radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.SubscribeResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.GetStatsRequest.FromString,
+                    response_serializer=radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.GetStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,6 +155,33 @@ class DetokenizerService:
             '/radixserve.internal.detokenizer.v1.DetokenizerService/Subscribe',
             radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.SubscribeRequest.SerializeToString,
             radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.SubscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixserve.internal.detokenizer.v1.DetokenizerService/GetStats',
+            radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.GetStatsRequest.SerializeToString,
+            radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2.GetStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
