@@ -1,0 +1,54 @@
+"""Engine configuration: one frozen dataclass, validated once, forked per TP rank with `replace`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+CacheKind = Literal["radix", "naive"]
+SchedulePolicy = Literal["fcfs", "lpm"]
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    device: str = "auto"  # "auto" resolves to cuda when available, else cpu (resolved by the caller)
+    dtype: str = "auto"  # "auto": the checkpoint's dtype on GPU, float32 on CPU
+    page_size: int = 16
+    max_prefill_tokens: int = 4096  # per-step token budget for prefill chunks
+    max_running_requests: int = 64  # request slots
+    max_queued_requests: int = 1024
+    num_pages: int | None = None  # None: sized from memory (GPU) or a fixed token budget (CPU)
+    max_context: int | None = None  # None: the model's max_position_embeddings
+    cache: CacheKind = "radix"
+    overlap: bool = True
+    attention_backend: str = "auto"
+    schedule_policy: SchedulePolicy = "fcfs"
+    tp_size: int = 1
+    tp_rank: int = 0
+    seed: int = 0
+    memory_fraction: float = 0.85  # share of free GPU memory the KV pool may take
+    cpu_kv_tokens: int = 65536  # KV capacity in tokens when num_pages is None on CPU
+    cuda_graph: bool = True
+    cuda_graph_max_batch: int = 256
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_prefill_tokens < self.page_size:
+            raise ValueError("max_prefill_tokens must be at least page_size")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.num_pages is not None and self.num_pages < 2:
+            raise ValueError("num_pages must be >= 2")
+        if self.cache not in ("radix", "naive"):
+            raise ValueError(f"cache must be 'radix' or 'naive', got {self.cache!r}")
+        if self.schedule_policy not in ("fcfs", "lpm"):
+            raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"tp_rank {self.tp_rank} out of range for tp_size {self.tp_size}")
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError("memory_fraction must be in (0, 1]")

@@ -1,0 +1,212 @@
+"""EngineCore: the step loop shared by the offline LLM and the scheduler service.
+
+With overlap on, step N+1 is scheduled and launched before step N's sampled ids are read back, so
+the host's bookkeeping hides behind the device's work. A request that step N finishes has already
+been given a (wasted) slot in step N+1; its result is simply dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+import torch
+
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.engine import Engine, ForwardOutput
+from radixserve.engine.kvcache import create_prefix_cache
+from radixserve.engine.kvcache.allocator import PageAllocator
+from radixserve.engine.models.config import ModelArgs
+from radixserve.engine.request import FinishReason, Req, ReqStatus
+from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.engine.scheduler.batch import Batch
+from radixserve.engine.scheduler.scheduler import Scheduler
+
+
+class TokenLogprobs(NamedTuple):
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+class StepOutput(NamedTuple):
+    rid: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: FinishReason | None
+    matched_stop_token: int | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_name: str
+    architecture: str
+    vocab_size: int
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+    dtype: str
+
+
+def read_eos_ids(folder: Path) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        f = folder / name
+        if f.exists():
+            value = json.loads(f.read_text()).get("eos_token_id")
+            ids.update([value] if isinstance(value, int) else value or [])
+    return tuple(sorted(ids))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
+    return getattr(torch, name)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        folder = Path(config.model_path)
+        self.args = ModelArgs.from_folder(folder)
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, self.args.dtype, device)
+        self.config = config
+        eos = read_eos_ids(folder)
+        self.engine = Engine(config, self.args, device, dtype, eos)
+        self.model_info = ModelInfo(folder.name, self.args.architecture, self.args.vocab_size,
+                                    self.engine.max_context, eos, str(dtype).removeprefix("torch."))
+        self.allocator = PageAllocator(self.engine.num_pages)
+        self.cache = create_prefix_cache(config.cache, config.page_size)
+        self.scheduler = Scheduler(config, self.engine.table, self.allocator, self.cache)
+        self._reqs: dict[str, Req] = {}
+        self._in_flight: tuple[Batch, ForwardOutput] | None = None
+        self._rng = random.Random(config.seed)
+        self.prompt_tokens_total = 0
+        self.cached_tokens_total = 0
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(self, rid: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        info = self.model_info
+        if rid in self._reqs:
+            raise InvalidRequestError(f"request id {rid!r} is already running")
+        if len(prompt_ids) == 0:
+            raise InvalidRequestError("prompt is empty")
+        bad = next((t for t in prompt_ids if not 0 <= t < info.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})")
+        n = len(prompt_ids)
+        if n >= info.max_context:
+            raise InvalidRequestError(f"prompt has {n} tokens; the model context is {info.max_context}")
+        max_new = params.max_new_tokens if params.max_new_tokens is not None else info.max_context - n
+        if n + max_new > info.max_context:
+            raise InvalidRequestError(f"{n} tokens in prompt, {max_new} requested, limit {info.max_context}")
+        need = self.scheduler.lifetime_pages(n, max_new)
+        if need > self.engine.num_pages:
+            raise InvalidRequestError(
+                f"request needs {need} KV pages ({n} prompt + {max_new} new tokens) but the whole "
+                f"pool has {self.engine.num_pages}; lower max_new_tokens or the prompt length")
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
+        req = Req(rid, list(prompt_ids), params, max_new, seed)
+        self._reqs[rid] = req
+        self.scheduler.waiting.append(req)
+
+    def abort(self, rid: str) -> bool:
+        req = self._reqs.pop(rid, None)
+        if req is None or req.finished:
+            return False
+        self.scheduler.finish(req, "aborted")
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running or self._in_flight)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        batch = self.scheduler.schedule()
+        launched = (batch, self.engine.forward(batch)) if batch is not None else None
+        if not self.config.overlap:
+            return self._process(*launched) if launched else []
+        previous, self._in_flight = self._in_flight, launched
+        return self._process(*previous) if previous else []
+
+    def _process(self, batch: Batch, out: ForwardOutput) -> list[StepOutput]:
+        out.wait()
+        results: list[StepOutput] = []
+        tokens = out.sample.tokens.tolist()
+        for j, row in enumerate(out.rows):
+            req = batch.reqs[row]
+            if req.finished:
+                continue  # finished or aborted while this step was in flight
+            if not req.output_ids:
+                self.prompt_tokens_total += req.prompt_len
+                self.cached_tokens_total += req.matched_len
+            token = tokens[j]
+            req.output_ids.append(token)
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                self.scheduler.finish(req, reason)
+                del self._reqs[req.rid]
+            results.append(StepOutput(req.rid, [token], self._logprobs(out, j, req), reason,
+                                      req.matched_stop_token, req.prompt_len, req.matched_len))
+        return results
+
+    def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
+        # The sampler bans these ids until min_new_tokens are out, so no length check is needed.
+        p = req.params
+        if not p.ignore_eos and token in self.model_info.eos_token_ids:
+            return "eos"
+        if token in p.stop_token_ids:
+            req.matched_stop_token = token
+            return "stop_token"
+        if len(req.output_ids) >= req.max_new_tokens:
+            return "length"
+        return None
+
+    @staticmethod
+    def _logprobs(out: ForwardOutput, j: int, req: Req) -> list[TokenLogprobs] | None:
+        s = out.sample
+        if not req.params.wants_logprobs or s.logprobs is None:
+            return None
+        top: list[tuple[int, float]] = []
+        if req.params.top_logprobs and s.top_ids is not None and s.top_logprobs is not None:
+            n = req.params.top_logprobs
+            top = list(zip(s.top_ids[j, :n].tolist(), s.top_logprobs[j, :n].tolist()))
+        return [TokenLogprobs(float(s.logprobs[j]), top)]
+
+    # -- introspection --------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        sizes = self.cache.sizes()
+        return {
+            "running_requests": len(self.scheduler.running),
+            "waiting_requests": len(self.scheduler.waiting),
+            "kv_pages_total": self.engine.num_pages,
+            "kv_pages_free": self.allocator.num_free,
+            "kv_pages_evictable": sizes.evictable_pages,
+            "kv_pages_protected": sizes.protected_pages,
+            "page_size": self.config.page_size,
+            "cached_tokens_total": self.cached_tokens_total,
+            "prompt_tokens_total": self.prompt_tokens_total,
+        }
+
+    def check_integrity(self) -> None:
+        """The pool invariant: when idle, free + evictable + protected pages == total, no slot held."""
+        self.cache.check_integrity()
+        if self.has_work():
+            return
+        s = self.stats()
+        total = s["kv_pages_free"] + s["kv_pages_evictable"] + s["kv_pages_protected"]
+        assert total == s["kv_pages_total"], f"KV pages leaked: {s}"
+        assert s["kv_pages_protected"] == 0, f"idle engine still protects pages: {s}"
+        assert self.engine.table.num_free_slots == self.config.max_running_requests, "request slot leaked"
+        assert not self._reqs, f"requests left behind: {list(self._reqs)[:5]}"

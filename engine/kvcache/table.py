@@ -1,0 +1,63 @@
+"""Request slots, the page table and the token pool: per-slot rows the device reads every step.
+
+page_table[slot, pos] is the KV location of token `pos` of the request in `slot`; token_pool[slot, pos]
+is its token id. Sampled tokens are written to token_pool on the device, so the next step reads its
+inputs there without waiting for the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class TableManager:
+    def __init__(self, max_slots: int, max_context: int, page_size: int, device: torch.device) -> None:
+        self.max_slots, self.page_size = max_slots, page_size
+        self.width = -(-max_context // page_size) * page_size  # whole pages per row
+        self.page_table = torch.zeros(max_slots, self.width, dtype=torch.int64, device=device)
+        self.page_table_cpu = torch.zeros(max_slots, self.width, dtype=torch.int64)  # host mirror
+        self.token_pool = torch.zeros(max_slots, self.width, dtype=torch.int64, device=device)
+        self._free_slots = list(range(max_slots - 1, -1, -1))
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def alloc_slot(self) -> int:
+        return self._free_slots.pop()
+
+    def free_slot(self, slot: int) -> None:
+        assert slot not in self._free_slots, f"double free of slot {slot}"
+        self._free_slots.append(slot)
+
+    def set_locations(self, slot: int, start: int, locs: torch.Tensor) -> None:
+        """Write KV locations for positions [start, start + len(locs)) of a slot (host now, device at flush)."""
+        self.page_table_cpu[slot, start : start + len(locs)] = locs
+        self._queue(self.page_table, slot, start, locs)
+
+    def set_tokens(self, slot: int, start: int, tokens: list[int]) -> None:
+        self._queue(self.token_pool, slot, start, torch.tensor(tokens, dtype=torch.int64))
+
+    def alloc_pages(self, slot: int, first_page: int, pages: list[int]) -> None:
+        """Give logical pages [first_page, first_page + len(pages)) of a slot the physical `pages`."""
+        if not pages:
+            return
+        P = self.page_size
+        locs = (torch.tensor(pages, dtype=torch.int64)[:, None] * P + torch.arange(P)).flatten()
+        self.set_locations(slot, first_page * P, locs)
+
+    def _queue(self, target: torch.Tensor, slot: int, start: int, values: torch.Tensor) -> None:
+        cols = torch.arange(start, start + len(values))
+        self._pending.append((target, torch.full_like(cols, slot), cols, values))
+
+    def flush(self) -> None:
+        """Apply queued row writes to the device tensors, one index_put per tensor."""
+        for target in (self.page_table, self.token_pool):
+            parts = [p for p in self._pending if p[0] is target]
+            if parts:
+                rows = torch.cat([p[1] for p in parts]).to(target.device, non_blocking=True)
+                cols = torch.cat([p[2] for p in parts]).to(target.device, non_blocking=True)
+                vals = torch.cat([p[3] for p in parts]).to(target.device, non_blocking=True)
+                target[rows, cols] = vals
+        self._pending.clear()

@@ -1,0 +1,41 @@
+"""Self-attention with rotary embeddings; the attention math itself is the backend's."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixserve.engine.context import get_forward_context
+from radixserve.engine.layers.linear import QKVParallelLinear, RowParallelLinear
+from radixserve.engine.layers.norm import RMSNorm
+from radixserve.engine.layers.rotary import RotaryEmbedding
+
+
+class RopeAttention(nn.Module):
+    def __init__(self, layer_id: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 rotary: RotaryEmbedding, qkv_bias: bool, qk_norm_eps: float | None) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.qkv_proj = QKVParallelLinear(hidden, head_dim, num_heads, num_kv_heads, qkv_bias)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden, bias=False)
+        self.rotary = rotary
+        # Qwen3 normalises each head's q and k before the rotation.
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """positions: (T,); x: (T, hidden) -> (T, hidden)."""
+        T = x.size(0)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        ctx = get_forward_context()
+        out = ctx.backend.forward(q, k, v, self.layer_id, ctx.metadata, ctx.kv_pool)  # (T, nh, hd)
+        return self.o_proj(out.reshape(T, q_size))

@@ -1,0 +1,42 @@
+"""Vocabulary-parallel embedding and LM head (vocab padded to a multiple of the TP size)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.engine.distributed import get_comm
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden: int) -> None:
+        super().__init__()
+        comm = get_comm()
+        self.tp_rank, self.tp_size = comm.rank, comm.world_size
+        self.vocab_size = vocab_size
+        self.shard = -(-vocab_size // self.tp_size)  # ceil: the last shard is padded
+        self.start = self.tp_rank * self.shard
+        self.weight = nn.Parameter(torch.zeros(self.shard, hidden), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        rows = loaded[self.start : self.start + self.shard]
+        param.data[: rows.size(0)].copy_(rows)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        mask = (local >= 0) & (local < self.shard)
+        y = F.embedding(local.clamp(0, self.shard - 1), self.weight) * mask.unsqueeze(-1)
+        return get_comm().all_reduce(y)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (B, H) -> logits (B, vocab_size), gathered over ranks."""
+        logits = F.linear(hidden, self.weight)
+        if self.tp_size > 1:
+            logits = get_comm().all_gather(logits, dim=-1)
+        return logits[:, : self.vocab_size]

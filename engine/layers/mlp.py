@@ -1,0 +1,20 @@
+"""SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up fused."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate], bias=bias)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -1,0 +1,77 @@
+"""Per-request state and its length invariants.
+
+    positions:  0 ........ matched_len ........ cached_len ......... device_len
+                [ reused from the cache ][ KV computed ][ in token pool, KV not yet ]
+
+cached_len counts tokens whose KV is written by a launched step; device_len counts tokens present in
+the device token pool, including the one a launched step is sampling. The host learns sampled ids
+one step later (output_ids), so output_ids may trail device_len by the in-flight step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+import numpy as np
+
+from radixserve.engine.sampling.params import SamplingParams
+
+FinishReason = Literal["eos", "stop_token", "stop_string", "length", "aborted"]
+
+
+class ReqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int  # resolved: never None here
+    seed: int  # resolved: the request's or a drawn one
+    status: ReqStatus = ReqStatus.WAITING
+    slot: int = -1
+    matched_len: int = 0
+    cached_len: int = 0
+    device_len: int = 0
+    cache_handle: Any = None
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    matched_stop_token: int | None = None
+    prompt_array: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_array = np.asarray(self.prompt_ids, dtype=np.int32)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.device_len > self.prompt_len
+
+    @property
+    def num_scheduled_outputs(self) -> int:
+        return max(0, self.device_len - self.prompt_len)
+
+    @property
+    def can_decode(self) -> bool:
+        return (self.status is ReqStatus.RUNNING and self.prefill_done
+                and self.num_scheduled_outputs < self.max_new_tokens)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is ReqStatus.FINISHED
+
+    def token_ids(self, n: int) -> list[int]:
+        """The first n ids of prompt + outputs (those with KV computed)."""
+        assert n <= self.prompt_len + len(self.output_ids), "KV covers a token the host has not seen"
+        if n <= self.prompt_len:
+            return self.prompt_ids[:n]
+        return self.prompt_ids + self.output_ids[: n - self.prompt_len]

@@ -1,0 +1,37 @@
+"""One step's work: which requests run, which tokens of each, and who samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from radixserve.engine.request import Req
+
+Phase = Literal["prefill", "decode", "mixed"]
+
+
+@dataclass
+class Batch:
+    reqs: list[Req] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)  # positions before this step's tokens
+    seq_lens: list[int] = field(default_factory=list)  # positions after them
+    sample: list[bool] = field(default_factory=list)  # whether the step samples the next token
+
+    def add(self, req: Req, prefix_len: int, seq_len: int, sample: bool) -> None:
+        self.reqs.append(req)
+        self.prefix_lens.append(prefix_len)
+        self.seq_lens.append(seq_len)
+        self.sample.append(sample)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.seq_lens) - sum(self.prefix_lens)
+
+    @property
+    def phase(self) -> Phase:
+        decode = [s - p == 1 and r.prefill_done and p >= r.prompt_len
+                  for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens)]
+        return "decode" if all(decode) else "prefill" if not any(decode) else "mixed"
+
+    def __len__(self) -> int:
+        return len(self.reqs)
