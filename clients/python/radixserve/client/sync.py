@@ -1,0 +1,151 @@
+"""Blocking client for radixserve.v1.GenerateService."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from contextlib import closing
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+from radixserve.v1 import generate_pb2 as pb
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+from . import wire
+from .channel import DEFAULT_TARGET, ChannelConfig
+from .types import Event, GenerationResult, Message, ModelInfo, RadixServeError, ServerInfo
+
+if TYPE_CHECKING:
+    from typing_extensions import Self, Unpack
+
+    from .types import GenerateOptions
+
+R = TypeVar("R")
+
+
+class Client:
+    """Sync client. Use as a context manager (or call close()) to release the channel.
+
+    >>> with Client("127.0.0.1:50051") as c:
+    ...     for ev in c.generate("Hello", max_new_tokens=16):
+    ...         if isinstance(ev, Delta): print(ev.text, end="")
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        api_key: str | None = None,
+        *,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        private_key: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self.config = ChannelConfig(
+            target, api_key, tls, root_certificates, private_key, certificate_chain, options
+        )
+        self._channel = self.config.sync_channel()
+        self._stub = pb_grpc.GenerateServiceStub(self._channel)
+        self._metadata = self.config.metadata()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
+        timeout: float | None = None,
+        **options: Unpack[GenerateOptions],
+    ) -> Generator[Event, None, None]:
+        """Stream Started, Delta..., Finished for one of prompt / token_ids / messages.
+
+        Arguments are checked here, before iteration; the RPC starts on the first next().
+        Leaving the loop early (break, close(), an exception such as KeyboardInterrupt) cancels
+        the RPC, so the server aborts the request and frees its KV cache.
+        """
+        request = wire.generate_request(prompt, token_ids, messages, options)
+        return self._stream(request, timeout)
+
+    def _stream(
+        self, request: pb.GenerateRequest, timeout: float | None
+    ) -> Generator[Event, None, None]:
+        call = self._stub.Generate(request, timeout=timeout, metadata=self._metadata)
+        try:
+            for response in call:
+                ev = wire.event(response)
+                if ev is not None:
+                    yield ev
+        except grpc.RpcError as err:
+            raise RadixServeError.from_rpc_error(err) from err
+        finally:
+            call.cancel()  # a no-op once the stream has ended on its own
+
+    def generate_text(
+        self,
+        prompt: str | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
+        timeout: float | None = None,
+        **options: Unpack[GenerateOptions],
+    ) -> GenerationResult:
+        """Run one generation to the end and return its text, tokens, finish reason and usage."""
+        builder = wire.ResultBuilder()
+        stream = self.generate(
+            prompt, token_ids=token_ids, messages=messages, timeout=timeout, **options
+        )
+        with closing(stream):
+            for ev in stream:
+                builder.add(ev)
+        return builder.result()
+
+    def tokenize(
+        self,
+        text: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        add_special_tokens: bool | None = None,
+        add_generation_prompt: bool | None = None,
+        timeout: float | None = None,
+    ) -> list[int]:
+        req = wire.tokenize_request(text, messages, add_special_tokens, add_generation_prompt)
+        return list(self._unary(self._stub.Tokenize, req, timeout).token_ids)
+
+    def detokenize(
+        self,
+        token_ids: Sequence[int],
+        *,
+        skip_special_tokens: bool = False,
+        timeout: float | None = None,
+    ) -> str:
+        req = pb.DetokenizeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens)
+        return str(self._unary(self._stub.Detokenize, req, timeout).text)
+
+    def abort(self, request_ids: str | Sequence[str], *, timeout: float | None = None) -> int:
+        """Abort requests by id; returns how many were still running or queued."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        return int(self._unary(self._stub.Abort, pb.AbortRequest(request_ids=ids), timeout).aborted)
+
+    def model_info(self, *, timeout: float | None = None) -> ModelInfo:
+        return wire.model_info(
+            self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+        )
+
+    def server_info(self, *, timeout: float | None = None) -> ServerInfo:
+        resp = self._unary(self._stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
+        return wire.server_info(resp)
+
+    def _unary(self, method: Callable[..., R], request: Any, timeout: float | None) -> R:
+        try:
+            return method(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as err:
+            raise RadixServeError.from_rpc_error(err) from err
