@@ -1,0 +1,231 @@
+"""The `radixserve` command: serve, one service each, demo-model, bench.
+
+argparse lives here only; every subcommand turns its flags into frozen configs and hands them to
+the service modules. Addresses default from RADIXSERVE_* environment variables (docker-compose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from radixserve.services import config as cfg
+
+# The one registry of environment switches: flag destination -> (variable, default).
+ENV_DEFAULTS: dict[str, tuple[str, str]] = {
+    "model": ("RADIXSERVE_MODEL", "demo"),
+    "tokenizer_addr": ("RADIXSERVE_TOKENIZER_ADDR", cfg.DEFAULT_TOKENIZER_ADDRESS),
+    "scheduler_addr": ("RADIXSERVE_SCHEDULER_ADDR", cfg.DEFAULT_SCHEDULER_ADDRESS),
+    "detokenizer_addr": ("RADIXSERVE_DETOKENIZER_ADDR", cfg.DEFAULT_DETOKENIZER_ADDRESS),
+    "log_level": ("RADIXSERVE_LOG_LEVEL", "INFO"),
+}
+
+
+def _env(dest: str) -> str:
+    variable, default = ENV_DEFAULTS[dest]
+    value = os.environ.get(variable, default)
+    if not value:
+        raise SystemExit(f"{variable} is set but empty")
+    return value
+
+
+# Engine flags: (flag, EngineConfig field, type). Rendered back to argv for the scheduler child.
+ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
+    ("--device", "device", str),
+    ("--dtype", "dtype", str),
+    ("--page-size", "page_size", int),
+    ("--max-prefill-tokens", "max_prefill_tokens", int),
+    ("--max-running-requests", "max_running_requests", int),
+    ("--max-queued-requests", "max_queued_requests", int),
+    ("--num-pages", "num_pages", int),
+    ("--max-context", "max_context", int),
+    ("--cache", "cache", str),
+    ("--attention-backend", "attention_backend", str),
+    ("--tp-size", "tp_size", int),
+    ("--seed", "seed", int),
+)
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=_env("model"), help="HF model folder, or 'demo' (default)")
+    p.add_argument("--log-level", default=_env("log_level"))
+
+
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    from radixserve.engine.config import EngineConfig
+
+    defaults = EngineConfig(model_path="")
+    for flag, field, kind in ENGINE_FLAGS:
+        p.add_argument(flag, dest=field, type=kind, default=getattr(defaults, field),
+                       help=f"engine {field} (default: {getattr(defaults, field)})")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="disable overlap scheduling")
+
+
+def _add_gateway_limits(p: argparse.ArgumentParser) -> None:
+    from radixserve.services.gateway.frontend import FrontendConfig
+
+    d = FrontendConfig()
+    p.add_argument("--default-max-new-tokens", type=int, default=d.default_max_new_tokens,
+                   help="cap on max_new_tokens when a request leaves it unset")
+    p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
+                   help="Generate calls held at once; more are answered RESOURCE_EXHAUSTED")
+    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s,
+                   help="seconds in-flight requests get to finish after SIGTERM")
+
+
+def _add_backends(p: argparse.ArgumentParser, *names: str) -> None:
+    for name in names:
+        p.add_argument(f"--{name}-addr", default=_env(f"{name}_addr"),
+                       help=f"{name} service address (host:port or unix:/path)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixserve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run all four services, supervised")
+    _add_model(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="Prometheus port of the gateway (the scheduler uses the next one)")
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    _add_engine(p)
+    _add_gateway_limits(p)
+
+    p = sub.add_parser("gateway", help="the public GenerateService")
+    p.add_argument("--address", default=cfg.DEFAULT_GATEWAY_ADDRESS)
+    p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--log-level", default=_env("log_level"))
+    _add_backends(p, "tokenizer", "scheduler", "detokenizer")
+    _add_gateway_limits(p)
+
+    for name, address in (("tokenizer", cfg.DEFAULT_TOKENIZER_ADDRESS),
+                          ("detokenizer", cfg.DEFAULT_DETOKENIZER_ADDRESS)):
+        p = sub.add_parser(name, help=f"the {name} service")
+        _add_model(p)
+        p.add_argument("--address", default=address)
+
+    p = sub.add_parser("scheduler", help="the engine behind its batching loop")
+    _add_model(p)
+    p.add_argument("--address", default=cfg.DEFAULT_SCHEDULER_ADDRESS)
+    p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--drain-timeout", type=float, default=30.0)
+    _add_backends(p, "detokenizer")
+    _add_engine(p)
+
+    p = sub.add_parser("demo-model", help="write the built-in demo model to DIR")
+    p.add_argument("dir")
+
+    p = sub.add_parser("bench", help="benchmarks: offline, serving, prefix, long", add_help=False)
+    p.add_argument("name")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _resolve_model(model: str) -> str:
+    """'demo' becomes the cached demo folder (created on first use); anything else must exist.
+    Kept free of torch imports for real paths: the tokenizer and detokenizer never load torch."""
+    if model == "demo":
+        from radixserve.engine.demo import demo_model_path
+
+        return str(demo_model_path())
+    if not os.path.isdir(model):
+        raise SystemExit(f"--model {model}: no such folder")
+    return model
+
+
+def _engine_config(args: argparse.Namespace, model_path: str) -> Any:
+    from radixserve.engine.config import EngineConfig
+
+    fields = {field: getattr(args, field) for _, field, _ in ENGINE_FLAGS}
+    return EngineConfig(model_path=model_path, overlap=args.overlap, **fields)
+
+
+def engine_argv(engine: Any) -> list[str]:
+    """The scheduler flags that rebuild `engine` (an EngineConfig) in a child process."""
+    argv: list[str] = []
+    for flag, field, _ in ENGINE_FLAGS:
+        value = getattr(engine, field)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + ([] if engine.overlap else ["--no-overlap"])
+
+
+def _frontend_config(args: argparse.Namespace) -> Any:
+    from radixserve.services.gateway.frontend import FrontendConfig
+
+    return FrontendConfig(args.default_max_new_tokens, args.max_in_flight, args.drain_timeout)
+
+
+def _run_bench(name: str, argv: list[str]) -> int:
+    for module in (f"radixserve.engine.bench.{name}", f"radixserve.services.bench_{name}"):
+        try:
+            target = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and module.startswith(exc.name):
+                continue  # this bench is not in this package; try the next home
+            raise
+        return int(target.main(argv) or 0)
+    print(f"radixserve bench: no benchmark named {name!r}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        return _run_bench(args.name, args.args)
+    if args.command == "demo-model":
+        from radixserve.engine.demo import create_demo_model
+
+        print(create_demo_model(args.dir))
+        return 0
+
+    from radixserve.services.common.lifecycle import die_with_parent, setup_logging
+
+    setup_logging(args.command, args.log_level)
+    die_with_parent()
+    if args.command == "serve":
+        from radixserve.services.supervisor import Supervisor
+
+        engine = _engine_config(args, _resolve_model(args.model))
+        serve_config = cfg.ServeConfig(
+            engine=engine, gateway=_frontend_config(args), host=args.host, port=args.port,
+            metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
+            log_level=args.log_level,
+        )
+        return Supervisor(serve_config, engine_argv(engine)).run()
+    return asyncio.run(_serve_one(args))
+
+
+async def _serve_one(args: argparse.Namespace) -> int:
+    if args.command == "gateway":
+        from radixserve.services.gateway.server import BackendAddresses, serve
+
+        backends = BackendAddresses(args.tokenizer_addr, args.scheduler_addr, args.detokenizer_addr)
+        return await serve(args.address, backends, _frontend_config(args), args.metrics_port)
+    model_path = _resolve_model(args.model)
+    if args.command == "tokenizer":
+        from radixserve.services.tokenizer.server import serve as serve_tokenizer
+
+        return await serve_tokenizer(args.address, model_path)
+    if args.command == "detokenizer":
+        from radixserve.services.detokenizer.server import serve as serve_detokenizer
+
+        return await serve_detokenizer(args.address, model_path)
+    from radixserve.services.scheduler.server import serve as serve_scheduler
+
+    engine = _engine_config(args, model_path)
+    return await serve_scheduler(
+        args.address, engine, args.detokenizer_addr, args.metrics_port, args.drain_timeout
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pieces every radixserve service shares: errors, gRPC options, health, lifecycle."""

@@ -1,0 +1,129 @@
+"""Typed service errors and the one interceptor that turns them (and bugs) into statuses.
+
+Domain code raises `ServiceError(code, message)`; servicers never build statuses by hand. Anything
+else that escapes a handler is a bug: it is logged with its traceback and answered INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+StatusCallback = Callable[[str, grpc.StatusCode], None]
+
+
+class ServiceError(Exception):
+    """A request-level failure with the gRPC status it maps to."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ServiceError({self.code.name}, {self.message!r})"
+
+
+def invalid_argument(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def unavailable(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, message)
+
+
+_CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def code_from_number(number: int) -> grpc.StatusCode:
+    """The StatusCode for a number carried in an internal `Status` message (unknown: INTERNAL)."""
+    return _CODES_BY_NUMBER.get(number, grpc.StatusCode.INTERNAL)
+
+
+def code_number(code: grpc.StatusCode) -> int:
+    return int(code.value[0])
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Maps ServiceError to its status, anything unexpected to INTERNAL, and reports final codes.
+
+    Only unary-unary and unary-stream handlers are wrapped: streaming-request RPCs are internal
+    long-lived streams whose handlers own their error handling.
+    """
+
+    def __init__(self, on_status: StatusCallback | None = None) -> None:
+        self._on_status = on_status
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _report(self, method: str, code: grpc.StatusCode) -> None:
+        if self._on_status is not None:
+            self._on_status(method, code)
+
+    def _wrap_unary(self, method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                response = await behavior(request, context)
+            except BaseException as exc:
+                await self._fail(method, exc, context)
+                raise
+            self._report(method, grpc.StatusCode.OK)
+            return response
+
+        return wrapped
+
+    def _wrap_stream(self, method: str, behavior: Callable[..., AsyncIterator[Any]]) -> Callable:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except BaseException as exc:
+                await self._fail(method, exc, context)
+                raise
+            self._report(method, grpc.StatusCode.OK)
+
+        return wrapped
+
+    async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
+        """Answer `exc` with its status (context.abort raises AbortError, which ends the RPC)."""
+        if isinstance(exc, asyncio.CancelledError):
+            # The client went away or its deadline passed; grpc already knows the final status.
+            self._report(method, grpc.StatusCode.CANCELLED)
+            return
+        if isinstance(exc, grpc.aio.AbortError):
+            self._report(method, context.code() or grpc.StatusCode.UNKNOWN)
+            return
+        if isinstance(exc, ServiceError):
+            self._report(method, exc.code)
+            await context.abort(exc.code, exc.message)
+        if isinstance(exc, Exception):
+            log.exception("bug in %s", method)
+            self._report(method, grpc.StatusCode.INTERNAL)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")

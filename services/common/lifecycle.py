@@ -1,0 +1,74 @@
+"""Process lifecycle shared by the services: run until a signal, drain, stop; die with the parent."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+PARENT_PID_ENV = "RADIXSERVE_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """When started by `radixserve serve`, get SIGTERM if the supervisor dies, whatever the cause.
+
+    The supervisor passes its pid in the environment. Linux only (prctl); elsewhere the child's own
+    health of the parent is not watched, which only matters if the supervisor is SIGKILLed.
+    """
+    expected = os.environ.get(PARENT_PID_ENV)
+    if not expected:
+        return
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    # The parent may have died between fork and prctl; then nobody would ever signal us.
+    if os.getppid() != int(expected):
+        log.error("supervisor %s is gone; exiting", expected)
+        sys.exit(1)
+
+
+def setup_logging(service: str, level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def run_until_signal(
+    server: grpc.aio.Server,
+    drain: Callable[[], Awaitable[None]],
+    fatal: asyncio.Event | None = None,
+    stop_grace_s: float = 1.0,
+) -> int:
+    """Serve until SIGTERM/SIGINT (exit 0) or `fatal` is set (exit 1); drain before stopping.
+
+    `drain` flips health to NOT_SERVING, refuses new work and waits for in-flight work, so the
+    final `server.stop` has little left to cancel.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    waiters = [asyncio.create_task(stop.wait())]
+    if fatal is not None:
+        waiters.append(asyncio.create_task(fatal.wait()))
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waiters:
+        waiter.cancel()
+    failed = fatal is not None and fatal.is_set()
+    log.info("%s; draining", "fatal error" if failed else "signal received")
+    await drain()
+    await server.stop(stop_grace_s)
+    log.info("stopped")
+    return 1 if failed else 0

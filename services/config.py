@@ -1,0 +1,39 @@
+"""Frozen configuration of the serving processes, built once from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixserve.engine.config import EngineConfig
+from radixserve.services.gateway.frontend import FrontendConfig
+
+DEFAULT_GATEWAY_ADDRESS = "127.0.0.1:50051"
+DEFAULT_TOKENIZER_ADDRESS = "127.0.0.1:50052"
+DEFAULT_SCHEDULER_ADDRESS = "127.0.0.1:50053"
+DEFAULT_DETOKENIZER_ADDRESS = "127.0.0.1:50054"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """`radixserve serve`: everything the supervisor needs to start the four services."""
+
+    engine: EngineConfig  # model_path already resolved ("demo" becomes a folder)
+    gateway: FrontendConfig
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int | None = None  # gateway; the scheduler's metrics go on metrics_port + 1
+    startup_timeout_s: float = 600.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65535:
+            raise ValueError(f"metrics port must be in (0, 65535), got {self.metrics_port}")
+        if self.startup_timeout_s <= 0:
+            raise ValueError("startup timeout must be positive")
+
+    @property
+    def gateway_address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"

@@ -1,0 +1,62 @@
+"""The detokenizer service's one seam between protobuf and its domain types."""
+
+from __future__ import annotations
+
+from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as pb
+from radixserve.services.detokenizer.state import Delta, FinishReason, Output, Setup, Step
+
+_REASON_FROM_PB: dict[int, FinishReason] = {
+    pb.FINISH_REASON_EOS: "eos",
+    pb.FINISH_REASON_STOP_TOKEN: "stop_token",
+    pb.FINISH_REASON_STOP_STRING: "stop_string",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_ABORTED: "aborted",
+}
+REASON_TO_PB: dict[str, int] = {name: number for number, name in _REASON_FROM_PB.items()}
+
+
+def step_from_pb(msg: pb.ProcessRequest) -> Step:
+    setups = [
+        Setup(
+            rid=s.request_id,
+            prompt_ids=list(s.prompt_ids),
+            stop=tuple(s.options.stop),
+            include_stop_str=s.options.include_stop_str,
+            skip_special_tokens=s.options.skip_special_tokens,
+        )
+        for s in msg.setups
+    ]
+    outputs = [
+        Output(
+            rid=o.request_id,
+            token_ids=list(o.token_ids),
+            finish_reason=_REASON_FROM_PB.get(o.finish_reason),
+            matched_stop_token=o.matched_stop_token if o.HasField("matched_stop_token") else None,
+            prompt_tokens=o.prompt_tokens,
+            cached_tokens=o.cached_tokens,
+            logprobs=o.logprobs,  # pb TokenLogprobs, copied back out untouched
+        )
+        for o in msg.outputs
+    ]
+    return Step(aborted=list(msg.aborted_ids), setups=setups, outputs=outputs)
+
+
+def delta_to_pb(delta: Delta) -> pb.RequestDelta:
+    msg = pb.RequestDelta(
+        request_id=delta.rid, token_ids=delta.token_ids, text=delta.text, logprobs=delta.logprobs
+    )
+    if delta.finish is not None:
+        f = delta.finish
+        msg.finish.reason = REASON_TO_PB[f.reason]
+        msg.finish.prompt_tokens = f.prompt_tokens
+        msg.finish.completion_tokens = f.completion_tokens
+        msg.finish.cached_tokens = f.cached_tokens
+        if f.stop_string is not None:
+            msg.finish.stop_string = f.stop_string
+        elif f.stop_token_id is not None:
+            msg.finish.stop_token_id = f.stop_token_id
+    return msg
+
+
+def deltas_to_pb(deltas: list[Delta]) -> pb.SubscribeResponse:
+    return pb.SubscribeResponse(deltas=[delta_to_pb(d) for d in deltas])

@@ -1,0 +1,136 @@
+"""gRPC server of the detokenizer service (radixserve.internal.detokenizer.v1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import grpc
+from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as pb
+from radixserve.internal.detokenizer.v1 import detokenizer_pb2_grpc as pb_grpc
+from radixserve.services.common import rpc
+from radixserve.services.common.errors import ErrorInterceptor
+from radixserve.services.detokenizer import convert
+from radixserve.services.detokenizer.state import (
+    Detokenizer,
+    DetokenizerFactory,
+    DetokenizerState,
+    Setup,
+)
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DetokenizerService"].full_name
+
+
+class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
+    def __init__(self, factory: DetokenizerFactory) -> None:
+        self._factory = factory
+        self._states: set[DetokenizerState] = set()
+        self._subscribers: set[asyncio.Queue[pb.SubscribeResponse]] = set()
+        # One worker thread: steps of a stream are applied in order, off the event loop.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="detokenize")
+
+    @property
+    def live_requests(self) -> int:
+        return sum(len(state) for state in self._states)
+
+    async def Process(
+        self, request_iterator: AsyncIterator[pb.ProcessRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        state = DetokenizerState(self._factory)
+        self._states.add(state)
+        await context.send_initial_metadata(())  # lets the client's wait_for_connection return
+        log.info("scheduler stream opened")
+        try:
+            async for request in request_iterator:
+                deltas, abort_ids = await loop.run_in_executor(
+                    self._worker, _apply, state, request
+                )
+                if deltas.deltas:
+                    for queue in self._subscribers:
+                        queue.put_nowait(deltas)
+                if abort_ids:
+                    await context.write(pb.ProcessResponse(abort_ids=abort_ids))
+        finally:
+            # The scheduler went away: nobody will finish its requests, so forget them all. The
+            # reset runs on the worker so it cannot interleave with a step still being applied.
+            self._worker.submit(state.reset)
+            self._states.discard(state)
+            log.info("scheduler stream closed")
+
+    async def Subscribe(
+        self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SubscribeResponse]:
+        queue: asyncio.Queue[pb.SubscribeResponse] = asyncio.Queue()
+        self._subscribers.add(queue)
+        await context.send_initial_metadata(())
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._subscribers.discard(queue)
+
+    async def GetStats(
+        self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatsResponse:
+        return pb.GetStatsResponse(
+            live_requests=self.live_requests, subscribers=len(self._subscribers)
+        )
+
+
+def _apply(state: DetokenizerState, request: pb.ProcessRequest) -> tuple[pb.SubscribeResponse, list[str]]:
+    """Runs on the worker thread: convert, detokenize, convert back."""
+    result = state.apply(convert.step_from_pb(request))
+    return convert.deltas_to_pb(result.deltas), result.abort_ids
+
+
+def hf_factory(tokenizer: Any) -> DetokenizerFactory:
+    """A factory of the engine's incremental detokenizer over one HF tokenizer."""
+    from radixserve.engine.detokenize import IncrementalDetokenizer
+
+    def make(setup: Setup) -> Detokenizer:
+        return IncrementalDetokenizer(
+            tokenizer,
+            list(setup.prompt_ids),
+            list(setup.stop),
+            setup.include_stop_str,
+            setup.skip_special_tokens,
+        )
+
+    return make
+
+
+class Served(NamedTuple):
+    server: grpc.aio.Server
+    port: int
+    health: rpc.Health
+    servicer: DetokenizerServicer
+
+
+async def create_server(address: str, factory: DetokenizerFactory) -> Served:
+    """Build (not start) the detokenizer server on `address`; port 0 picks a free port."""
+    server = rpc.create_aio_server([ErrorInterceptor()], rpc.INTERNAL_SERVER_OPTIONS)
+    servicer = DetokenizerServicer(factory)
+    pb_grpc.add_DetokenizerServiceServicer_to_server(servicer, server)
+    health = rpc.Health(server, [SERVICE_NAME])
+    rpc.enable_reflection(server, [SERVICE_NAME])
+    port = rpc.bind(server, address)
+    await health.set_serving(True)
+    return Served(server, port, health, servicer)
+
+
+async def serve(address: str, model_path: str, stop_grace_s: float = 5.0) -> int:
+    """Entry point of `radixserve detokenizer`: load the tokenizer, serve, drain on SIGTERM."""
+    from radixserve.services.common.lifecycle import run_until_signal
+    from transformers import AutoTokenizer
+
+    served = await create_server(address, hf_factory(AutoTokenizer.from_pretrained(model_path)))
+    await served.server.start()
+    log.info("detokenizer listening on %s", address)
+    return await run_until_signal(served.server, served.health.shutdown, stop_grace_s=stop_grace_s)
+
+

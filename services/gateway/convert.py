@@ -1,0 +1,251 @@
+"""The gateway's one seam between protobuf (public and internal) and its domain types.
+
+Parsing a GenerateRequest validates everything that does not need the model or the tokenizer;
+the frontend checks the rest (vocabulary, context length) once the prompt's ids are known.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
+from radixserve.internal.scheduler.v1 import scheduler_pb2 as sched_pb
+from radixserve.internal.tokenizer.v1 import tokenizer_pb2 as tok_pb
+from radixserve.services.common.errors import invalid_argument
+from radixserve.services.gateway.types import (
+    ChatPrompt,
+    Delta,
+    Event,
+    GenerateSpec,
+    IdsPrompt,
+    ModelInfo,
+    Prompt,
+    Started,
+    TextPrompt,
+)
+from radixserve.v1 import generate_pb2 as pb
+
+MAX_REQUEST_ID_LEN = 256
+
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
+_REASONS: dict[str, int] = {
+    "eos": pb.FINISH_REASON_EOS,
+    "stop_token": pb.FINISH_REASON_STOP_TOKEN,
+    "stop_string": pb.FINISH_REASON_STOP_STRING,
+    "length": pb.FINISH_REASON_LENGTH,
+    "aborted": pb.FINISH_REASON_ABORTED,
+}
+_INTERNAL_REASONS: dict[int, str] = {
+    detok_pb.FINISH_REASON_EOS: "eos",
+    detok_pb.FINISH_REASON_STOP_TOKEN: "stop_token",
+    detok_pb.FINISH_REASON_STOP_STRING: "stop_string",
+    detok_pb.FINISH_REASON_LENGTH: "length",
+    detok_pb.FINISH_REASON_ABORTED: "aborted",
+}
+
+
+def chat_from_pb(chat: pb.ChatMessages) -> ChatPrompt:
+    if not chat.messages:
+        raise invalid_argument("chat needs at least one message")
+    for i, m in enumerate(chat.messages):
+        if not m.role.strip():
+            raise invalid_argument(f"chat message {i} has an empty role")
+    if not any(m.content.strip() for m in chat.messages):
+        raise invalid_argument("chat messages are all empty or whitespace")
+    add_prompt = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
+    return ChatPrompt(tuple((m.role, m.content) for m in chat.messages), add_prompt)
+
+
+def prompt_from_pb(request: pb.GenerateRequest) -> Prompt:
+    kind = request.WhichOneof("prompt")
+    if kind == "text":
+        if not request.text:
+            raise invalid_argument("prompt text is empty")
+        return TextPrompt(request.text)
+    if kind == "token_ids":
+        if not request.token_ids.ids:
+            raise invalid_argument("prompt token_ids is empty")
+        return IdsPrompt(tuple(request.token_ids.ids))
+    if kind == "chat":
+        return chat_from_pb(request.chat)
+    raise invalid_argument("a prompt is required: set one of text, token_ids, chat")
+
+
+def params_from_pb(request: pb.GenerateRequest) -> SamplingParams:
+    """Only fields the client set are passed, so unset ones take SamplingParams' defaults and an
+    explicit 0 stays 0. Bound violations raise INVALID_ARGUMENT naming the field."""
+    kwargs: dict[str, Any] = {}
+    sampling, stopping, options = request.sampling, request.stopping, request.options
+    for name in _SAMPLING_FIELDS:
+        if sampling.HasField(name):
+            kwargs[name] = getattr(sampling, name)
+    kwargs["max_new_tokens"] = (
+        stopping.max_new_tokens if stopping.HasField("max_new_tokens") else None
+    )
+    kwargs.update(
+        min_new_tokens=stopping.min_new_tokens,
+        stop=tuple(stopping.stop),
+        stop_token_ids=tuple(stopping.stop_token_ids),
+        ignore_eos=stopping.ignore_eos,
+        include_stop_str=stopping.include_stop_str,
+        top_logprobs=options.top_logprobs,
+        logprobs=options.logprobs,
+    )
+    try:
+        return SamplingParams(**kwargs)
+    except InvalidRequestError as exc:
+        raise invalid_argument(str(exc)) from None
+
+
+def generate_spec_from_pb(request: pb.GenerateRequest) -> GenerateSpec:
+    if len(request.request_id) > MAX_REQUEST_ID_LEN:
+        raise invalid_argument(f"request_id is longer than {MAX_REQUEST_ID_LEN} characters")
+    return GenerateSpec(
+        request_id=request.request_id,
+        prompt=prompt_from_pb(request),
+        params=params_from_pb(request),
+        return_prompt_info=request.options.return_prompt_info,
+    )
+
+
+def _logprobs_to_pb(items: Any) -> list[pb.TokenLogprobs]:
+    return [
+        pb.TokenLogprobs(
+            logprob=lp.logprob,
+            top=[pb.TopLogprob(token_id=t.token_id, logprob=t.logprob) for t in lp.top],
+        )
+        for lp in items
+    ]
+
+
+def event_to_pb(request_id: str, event: Event) -> pb.GenerateResponse:
+    if isinstance(event, Started):
+        started = pb.Started(prompt_tokens=event.prompt_tokens, prompt_token_ids=event.prompt_ids)
+        return pb.GenerateResponse(request_id=request_id, started=started)
+    if isinstance(event, Delta):
+        delta = pb.Delta(
+            token_ids=event.token_ids, text=event.text, logprobs=_logprobs_to_pb(event.logprobs)
+        )
+        return pb.GenerateResponse(request_id=request_id, delta=delta)
+    finished = pb.Finished(
+        finish_reason=_REASONS[event.reason],
+        usage=pb.Usage(
+            prompt_tokens=event.prompt_tokens,
+            completion_tokens=event.completion_tokens,
+            cached_tokens=event.cached_tokens,
+        ),
+        timings=pb.Timings(
+            queue_seconds=event.queue_s,
+            time_to_first_token_seconds=event.ttft_s,
+            total_seconds=event.total_s,
+        ),
+    )
+    if event.stop_string is not None:
+        finished.stop_string = event.stop_string
+    elif event.stop_token_id is not None:
+        finished.stop_token_id = event.stop_token_id
+    return pb.GenerateResponse(request_id=request_id, finished=finished)
+
+
+def internal_reason(number: int) -> str:
+    return _INTERNAL_REASONS.get(number, "aborted")
+
+
+def new_request_to_pb(
+    rid: str, prompt_ids: list[int], params: SamplingParams, skip_special_tokens: bool
+) -> sched_pb.NewRequest:
+    assert params.max_new_tokens is not None, "max_new_tokens is resolved before submission"
+    sampling = sched_pb.SamplingParams(
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        max_new_tokens=params.max_new_tokens,
+        min_new_tokens=params.min_new_tokens,
+        stop_token_ids=params.stop_token_ids,
+        ignore_eos=params.ignore_eos,
+        repetition_penalty=params.repetition_penalty,
+        frequency_penalty=params.frequency_penalty,
+        presence_penalty=params.presence_penalty,
+        top_logprobs=params.top_logprobs,
+        logprobs=params.logprobs,
+    )
+    if params.seed is not None:
+        sampling.seed = params.seed
+    options = detok_pb.RequestOptions(
+        stop=params.stop,
+        include_stop_str=params.include_stop_str,
+        skip_special_tokens=skip_special_tokens,
+    )
+    return sched_pb.NewRequest(
+        request_id=rid, prompt_ids=prompt_ids, sampling=sampling, detokenize=options
+    )
+
+
+def tokenize_job_to_pb(job_id: str, prompt: Prompt) -> tok_pb.Job:
+    if isinstance(prompt, TextPrompt):
+        text = tok_pb.EncodeText(text=prompt.text, add_special_tokens=prompt.add_special_tokens)
+        return tok_pb.Job(job_id=job_id, encode_text=text)
+    assert isinstance(prompt, ChatPrompt), "token-id prompts skip the tokenizer"
+    chat = tok_pb.EncodeChat(
+        messages=[tok_pb.ChatMessage(role=r, content=c) for r, c in prompt.messages],
+        add_generation_prompt=prompt.add_generation_prompt,
+    )
+    return tok_pb.Job(job_id=job_id, encode_chat=chat)
+
+
+def decode_job_to_pb(job_id: str, ids: list[int], skip_special_tokens: bool) -> tok_pb.Job:
+    decode = tok_pb.Decode(token_ids=ids, skip_special_tokens=skip_special_tokens)
+    return tok_pb.Job(job_id=job_id, decode=decode)
+
+
+def model_info_to_pb(info: ModelInfo) -> pb.GetModelInfoResponse:
+    return pb.GetModelInfoResponse(
+        model_name=info.model_name,
+        max_context=info.max_context,
+        vocab_size=info.vocab_size,
+        eos_token_ids=info.eos_token_ids,
+        has_chat_template=info.has_chat_template,
+        architecture=info.architecture,
+        dtype=info.dtype,
+    )
+
+
+def model_info_from_pb(
+    msg: sched_pb.GetModelInfoResponse, tok: tok_pb.GetTokenizerInfoResponse
+) -> ModelInfo:
+    return ModelInfo(
+        model_name=msg.model_name,
+        architecture=msg.architecture,
+        vocab_size=msg.vocab_size,
+        max_context=msg.max_context,
+        eos_token_ids=tuple(msg.eos_token_ids),
+        dtype=msg.dtype,
+        has_chat_template=tok.has_chat_template,
+    )
+
+
+def tokenize_prompt_from_pb(request: pb.TokenizeRequest) -> Prompt:
+    kind = request.WhichOneof("input")
+    if kind == "chat":
+        return chat_from_pb(request.chat)
+    add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+    return TextPrompt(request.text, add_special)
+
+
+def server_info_to_pb(version: str, stats: dict[str, int]) -> pb.GetServerInfoResponse:
+    prompt_total = stats.get("prompt_tokens_total", 0)
+    hit_rate = stats.get("cached_tokens_total", 0) / prompt_total if prompt_total else 0.0
+    fields = {f.name for f in pb.GetServerInfoResponse.DESCRIPTOR.fields}
+    known = {k: v for k, v in stats.items() if k in fields}
+    return pb.GetServerInfoResponse(version=version, prefix_cache_hit_rate=hit_rate, **known)

@@ -1,0 +1,293 @@
+"""The gateway's domain: request ids, validation that needs the model, the request table.
+
+Each Generate call gets a fresh internal id (a uuid) that travels through every service; the
+client's `request_id` only names it here. So a client may reuse an id the moment its previous
+request ends, and a late output of the old request can never reach the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
+from radixserve.services.common.errors import ServiceError, invalid_argument, unavailable
+from radixserve.services.gateway import convert
+from radixserve.services.gateway.links import Links, SchedulerEvents
+from radixserve.services.gateway.metrics import GatewayMetrics
+from radixserve.services.gateway.types import (
+    Delta,
+    Event,
+    Failure,
+    Finished,
+    GenerateSpec,
+    IdsPrompt,
+    ModelInfo,
+    Prompt,
+    Started,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    default_max_new_tokens: int = 128  # cap when the client leaves max_new_tokens unset
+    max_in_flight: int = 4096  # Generate calls held at once; more get RESOURCE_EXHAUSTED
+    drain_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.default_max_new_tokens < 1 or self.max_in_flight < 1 or self.drain_timeout_s < 0:
+            raise ValueError(f"invalid gateway limits: {self}")
+
+
+class _Accepted:
+    pass
+
+
+class _Aborted:
+    pass
+
+
+_Item = _Accepted | _Aborted | Failure | detok_pb.RequestDelta
+
+
+@dataclass
+class RequestHandle:
+    public_id: str
+    rid: str
+    spec: GenerateSpec
+    t0: float = field(default_factory=time.monotonic)
+    inbox: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
+    submitted: bool = False
+    finished: bool = False
+
+
+class Frontend(SchedulerEvents):
+    def __init__(
+        self, links: Links, config: FrontendConfig, metrics: GatewayMetrics | None = None
+    ) -> None:
+        self._links = links
+        self._config = config
+        self._metrics = metrics
+        self._by_rid: dict[str, RequestHandle] = {}
+        self._by_public: dict[str, RequestHandle] = {}
+        self.draining = False
+
+    @property
+    def live_requests(self) -> int:
+        return len(self._by_rid) + self._links.pending_jobs
+
+    def model_info(self) -> ModelInfo:
+        info = self._links.model_info
+        if self.draining:
+            raise unavailable("the server is draining")
+        if info is None or not self._links.ready:
+            raise unavailable("the backends are not ready")
+        return info
+
+    # -- Generate -------------------------------------------------------------------------------
+    def open(self, spec: GenerateSpec) -> RequestHandle:
+        self.model_info()
+        if len(self._by_rid) >= self._config.max_in_flight:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many requests in flight")
+        public_id = spec.request_id or uuid.uuid4().hex
+        if public_id in self._by_public:
+            raise invalid_argument(f"request_id {public_id!r} is already running")
+        handle = RequestHandle(public_id, uuid.uuid4().hex, spec)
+        self._by_rid[handle.rid] = handle
+        self._by_public[public_id] = handle
+        if self._metrics is not None:
+            self._metrics.in_flight.inc()
+        return handle
+
+    async def run(self, handle: RequestHandle) -> AsyncIterator[Event]:
+        """Tokenize, check, submit and stream one request. Leaving early (client cancel, deadline,
+        error) aborts it in the scheduler."""
+        try:
+            info = self.model_info()
+            prompt_ids = await self._prompt_ids(handle.rid, handle.spec.prompt, info)
+            params = self._resolve(handle.spec.params, len(prompt_ids), info)
+            self._links.submit(convert.new_request_to_pb(
+                handle.rid, prompt_ids, params, handle.spec.skip_special_tokens
+            ))
+            handle.submitted = True
+            async for event in self._stream(handle, prompt_ids):
+                yield event
+        finally:
+            self._by_rid.pop(handle.rid, None)
+            self._by_public.pop(handle.public_id, None)
+            if self._metrics is not None:
+                self._metrics.in_flight.dec()
+            if handle.submitted and not handle.finished:
+                self._links.abort(handle.rid)
+
+    async def _prompt_ids(self, rid: str, prompt: Prompt, info: ModelInfo) -> list[int]:
+        if isinstance(prompt, IdsPrompt):
+            ids = list(prompt.ids)
+            for i, token in enumerate(ids):
+                if token >= info.vocab_size:
+                    raise invalid_argument(
+                        f"token_ids[{i}] = {token} is outside the vocabulary (size {info.vocab_size})"
+                    )
+            return ids
+        result = await self._links.run_job(convert.tokenize_job_to_pb(rid, prompt))
+        ids = list(result.token_ids.ids)
+        if not ids:
+            raise invalid_argument("the prompt tokenizes to no tokens")
+        return ids
+
+    def _resolve(self, params: SamplingParams, prompt_len: int, info: ModelInfo) -> SamplingParams:
+        limit = info.max_context
+        if prompt_len >= limit:
+            raise invalid_argument(
+                f"prompt is too long: {prompt_len} tokens in prompt, limit {limit} "
+                "(the context must leave room for at least one new token)"
+            )
+        for token in params.stop_token_ids:
+            if token >= info.vocab_size:
+                raise invalid_argument(
+                    f"stop_token_ids: {token} is outside the vocabulary (size {info.vocab_size})"
+                )
+        wanted = params.max_new_tokens
+        if wanted is None:
+            # Unset: what fits after the prompt, capped by the server default (never below the
+            # client's own min_new_tokens, which the length check below then judges).
+            wanted = max(min(limit - prompt_len, self._config.default_max_new_tokens), params.min_new_tokens)
+        if prompt_len + wanted > limit:
+            raise invalid_argument(
+                f"prompt + max_new_tokens exceed the context: {prompt_len} in prompt, "
+                f"{wanted} requested, limit {limit}"
+            )
+        try:
+            return dataclasses.replace(params, max_new_tokens=wanted)
+        except InvalidRequestError as exc:
+            raise invalid_argument(str(exc)) from None
+
+    async def _stream(self, handle: RequestHandle, prompt_ids: list[int]) -> AsyncIterator[Event]:
+        started_at: float | None = None
+        first_token_at: float | None = None
+        completion = 0
+        while True:
+            item = await handle.inbox.get()
+            if isinstance(item, Failure):
+                raise ServiceError(item.code, item.message)
+            if started_at is None:
+                started_at = time.monotonic()
+                echo = prompt_ids if handle.spec.return_prompt_info else []
+                yield Started(len(prompt_ids), echo)
+            if isinstance(item, _Accepted):
+                continue
+            if isinstance(item, _Aborted):
+                handle.finished = True
+                yield self._finished(handle, "aborted", None, None, prompt_ids, completion, 0,
+                                     started_at, first_token_at)
+                return
+            if item.token_ids and first_token_at is None:
+                first_token_at = time.monotonic()
+            completion += len(item.token_ids)
+            if item.token_ids or item.text:
+                yield Delta(list(item.token_ids), item.text, list(item.logprobs))
+            if item.HasField("finish"):
+                handle.finished = True
+                f = item.finish
+                matched = f.WhichOneof("matched_stop")
+                yield self._finished(
+                    handle, convert.internal_reason(f.reason),
+                    f.stop_string if matched == "stop_string" else None,
+                    f.stop_token_id if matched == "stop_token_id" else None,
+                    prompt_ids, f.completion_tokens or completion, f.cached_tokens,
+                    started_at, first_token_at,
+                )
+                return
+
+    def _finished(
+        self, handle: RequestHandle, reason: Any, stop_string: str | None, stop_token: int | None,
+        prompt_ids: list[int], completion: int, cached: int, started_at: float,
+        first_token_at: float | None,
+    ) -> Finished:
+        now = time.monotonic()
+        ttft = None if first_token_at is None else first_token_at - handle.t0
+        if self._metrics is not None:
+            self._metrics.on_finished(ttft, now - handle.t0, completion)
+        return Finished(
+            reason, stop_string, stop_token, len(prompt_ids), completion, cached,
+            queue_s=started_at - handle.t0, ttft_s=ttft or 0.0, total_s=now - handle.t0,
+        )
+
+    # -- other RPCs -----------------------------------------------------------------------------
+    def abort(self, public_ids: list[str]) -> int:
+        aborted = 0
+        for public_id in public_ids:
+            handle = self._by_public.get(public_id)
+            if handle is None or handle.finished:
+                continue
+            aborted += 1
+            handle.inbox.put_nowait(_Aborted())
+            if handle.submitted:
+                self._links.abort(handle.rid)
+        return aborted
+
+    async def tokenize(self, prompt: Prompt) -> list[int]:
+        self.model_info()
+        if isinstance(prompt, IdsPrompt):
+            return list(prompt.ids)
+        result = await self._links.run_job(convert.tokenize_job_to_pb(uuid.uuid4().hex, prompt))
+        return list(result.token_ids.ids)
+
+    async def detokenize(self, ids: list[int], skip_special_tokens: bool) -> str:
+        self.model_info()
+        job = convert.decode_job_to_pb(uuid.uuid4().hex, ids, skip_special_tokens)
+        return (await self._links.run_job(job)).text
+
+    async def server_stats(self) -> dict[str, int]:
+        self.model_info()
+        sched, detok = await asyncio.gather(
+            self._links.scheduler_stats(), self._links.detokenizer_stats()
+        )
+        stats = {f.name: getattr(sched, f.name) for f in sched.DESCRIPTOR.fields}
+        stats["gateway_live_requests"] = self.live_requests
+        stats["detokenizer_live_requests"] = detok.live_requests
+        return stats
+
+    async def drain(self) -> None:
+        """Refuse new calls, give in-flight ones `drain_timeout_s` to finish, then end them."""
+        self.draining = True
+        deadline = time.monotonic() + self._config.drain_timeout_s
+        while self._by_rid and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self._fail_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+        while self._by_rid and time.monotonic() < deadline + 2.0:
+            await asyncio.sleep(0.01)
+
+    # -- SchedulerEvents (from the links) -------------------------------------------------------
+    def on_accepted(self, rid: str) -> None:
+        handle = self._by_rid.get(rid)
+        if handle is not None:
+            handle.inbox.put_nowait(_Accepted())
+
+    def on_rejected(self, rid: str, code: grpc.StatusCode, message: str) -> None:
+        handle = self._by_rid.get(rid)
+        if handle is not None:
+            handle.finished = True  # the scheduler holds nothing for it
+            handle.inbox.put_nowait(Failure(code, message))
+
+    def on_delta(self, delta: detok_pb.RequestDelta) -> None:
+        handle = self._by_rid.get(delta.request_id)
+        if handle is not None:
+            handle.inbox.put_nowait(delta)
+
+    def on_lost(self, message: str) -> None:
+        self._fail_all(grpc.StatusCode.UNAVAILABLE, message)
+
+    def _fail_all(self, code: grpc.StatusCode, message: str) -> None:
+        for handle in self._by_rid.values():
+            handle.inbox.put_nowait(Failure(code, message))

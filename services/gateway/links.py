@@ -1,0 +1,239 @@
+"""The gateway's long-lived batch streams to the tokenizer, scheduler and detokenizer.
+
+Each link queues items from many concurrent client RPCs and sends whatever has accumulated as one
+message, so a burst of N requests costs one write per hop, not N. `Links.run` (re)connects all
+three, reports readiness, and on the loss of any of them fails every request in flight: their
+outputs can no longer arrive, and a client must hear UNAVAILABLE within seconds, not hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
+from radixserve.internal.detokenizer.v1 import detokenizer_pb2_grpc as detok_grpc
+from radixserve.internal.scheduler.v1 import scheduler_pb2 as sched_pb
+from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as sched_grpc
+from radixserve.internal.tokenizer.v1 import tokenizer_pb2 as tok_pb
+from radixserve.internal.tokenizer.v1 import tokenizer_pb2_grpc as tok_grpc
+from radixserve.services.common import rpc
+from radixserve.services.common.errors import ServiceError, code_from_number, unavailable
+from radixserve.services.gateway import convert
+from radixserve.services.gateway.types import ModelInfo
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class _Outbox(Generic[T]):
+    """Items queued by many callers, taken out by one writer as a batch."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[T] = asyncio.Queue()
+
+    def put(self, item: T) -> None:
+        self._queue.put_nowait(item)
+
+    async def take_batch(self) -> list[T]:
+        batch = [await self._queue.get()]
+        while not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        return batch
+
+    def clear(self) -> None:
+        while not self._queue.empty():
+            self._queue.get_nowait()
+
+
+class SchedulerEvents:
+    """What the frontend hears from the links (all called on the event loop)."""
+
+    def on_accepted(self, rid: str) -> None: ...
+    def on_rejected(self, rid: str, code: grpc.StatusCode, message: str) -> None: ...
+    def on_delta(self, delta: detok_pb.RequestDelta) -> None: ...
+    def on_lost(self, message: str) -> None: ...
+
+
+class Links:
+    def __init__(
+        self,
+        tokenizer_address: str,
+        scheduler_address: str,
+        detokenizer_address: str,
+        on_ready: Callable[[bool], Any],
+        retry_s: float = 0.5,
+    ) -> None:
+        self._addresses = (tokenizer_address, scheduler_address, detokenizer_address)
+        self.events = SchedulerEvents()  # replaced by the frontend before `run`
+        self._on_ready = on_ready
+        self._retry_s = retry_s
+        self._jobs: _Outbox[tok_pb.Job] = _Outbox()
+        self._submits: _Outbox[sched_pb.NewRequest | str] = _Outbox()  # str: an abort id
+        self._pending_jobs: dict[str, asyncio.Future[tok_pb.JobResult]] = {}
+        self.model_info: ModelInfo | None = None
+        self.ready = False
+        self._stubs: tuple[Any, Any, Any] | None = None
+        self._health: list[health_pb2_grpc.HealthStub] = []
+
+    # -- used by the frontend -------------------------------------------------------------------
+    async def run_job(self, job: tok_pb.Job) -> tok_pb.JobResult:
+        """Run one tokenizer job (batched with its neighbours); ServiceError on its failure."""
+        if not self.ready:
+            raise unavailable("the tokenizer is not connected")
+        future: asyncio.Future[tok_pb.JobResult] = asyncio.get_running_loop().create_future()
+        self._pending_jobs[job.job_id] = future
+        self._jobs.put(job)
+        try:
+            result = await future
+        finally:
+            self._pending_jobs.pop(job.job_id, None)
+        if result.WhichOneof("result") == "error":
+            raise ServiceError(code_from_number(result.error.code), result.error.message)
+        return result
+
+    def submit(self, request: sched_pb.NewRequest) -> None:
+        self._submits.put(request)
+
+    def abort(self, rid: str) -> None:
+        self._submits.put(rid)
+
+    @property
+    def pending_jobs(self) -> int:
+        return len(self._pending_jobs)
+
+    async def scheduler_stats(self) -> sched_pb.GetStatsResponse:
+        return await self._unary(1, "GetStats", sched_pb.GetStatsRequest())
+
+    async def detokenizer_stats(self) -> detok_pb.GetStatsResponse:
+        return await self._unary(2, "GetStats", detok_pb.GetStatsRequest())
+
+    async def _unary(self, which: int, method: str, request: Any) -> Any:
+        if self._stubs is None or not self.ready:
+            raise unavailable("backends are not connected")
+        try:
+            return await getattr(self._stubs[which], method)(request, timeout=5.0)
+        except grpc.aio.AioRpcError as exc:
+            raise unavailable(f"backend {method} failed: {exc.code().name}") from None
+
+    # -- connection lifecycle -------------------------------------------------------------------
+    async def run(self) -> None:
+        """Connect, serve, and reconnect after any loss; runs until cancelled."""
+        channels = [rpc.internal_channel(address) for address in self._addresses]
+        self._stubs = (
+            tok_grpc.TokenizerServiceStub(channels[0]),
+            sched_grpc.SchedulerServiceStub(channels[1]),
+            detok_grpc.DetokenizerServiceStub(channels[2]),
+        )
+        self._health = [health_pb2_grpc.HealthStub(channel) for channel in channels]
+        try:
+            while True:
+                await self._session(*self._stubs)
+                await asyncio.sleep(self._retry_s)
+        finally:
+            for channel in channels:
+                await channel.close()
+
+    async def _session(self, tok: Any, sched: Any, detok: Any) -> None:
+        calls: list[grpc.aio.Call] = []
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            info = await self._wait_backends(tok, sched, detok)
+            tok_call, sched_call = tok.Process(), sched.Submit()
+            detok_call = detok.Subscribe(detok_pb.SubscribeRequest())
+            calls = [tok_call, sched_call, detok_call]
+            for call in calls:
+                await call.wait_for_connection()
+            tasks = [
+                asyncio.create_task(self._pump_jobs(tok_call)),
+                asyncio.create_task(self._read_results(tok_call)),
+                asyncio.create_task(self._pump_submits(sched_call)),
+                asyncio.create_task(self._read_acks(sched_call)),
+                asyncio.create_task(self._read_deltas(detok_call)),
+            ]
+            self.model_info = info
+            self._set_ready(True)
+            log.info("backends connected: %s", info.model_name)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            raise _Lost("a backend closed its stream")
+        except (grpc.aio.AioRpcError, _Lost) as exc:
+            reason = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            log.warning("backend link lost: %s", reason)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for call in calls:
+                call.cancel()
+            was_ready = self.ready
+            self._set_ready(False)
+            if was_ready:
+                self._fail_all("a backend service is unavailable")
+
+    async def _wait_backends(self, tok: Any, sched: Any, detok: Any) -> ModelInfo:
+        """Block until all three backends answer, and the scheduler has its model loaded."""
+        while True:
+            try:
+                await asyncio.gather(*(rpc.require_serving(stub) for stub in self._health))
+                model = await sched.GetModelInfo(sched_pb.GetModelInfoRequest(), timeout=5.0)
+                tok_info = await tok.GetTokenizerInfo(tok_pb.GetTokenizerInfoRequest(), timeout=5.0)
+                return convert.model_info_from_pb(model, tok_info)
+            except (grpc.aio.AioRpcError, rpc.NotServing) as exc:
+                log.debug("backends not ready yet: %s", exc)
+                await asyncio.sleep(self._retry_s)
+
+    def _set_ready(self, ready: bool) -> None:
+        if ready != self.ready:
+            self.ready = ready
+            self._on_ready(ready)
+
+    def _fail_all(self, message: str) -> None:
+        self._jobs.clear()
+        self._submits.clear()
+        for future in self._pending_jobs.values():
+            if not future.done():
+                future.set_exception(unavailable(message))
+        self.events.on_lost(message)
+
+    async def _pump_jobs(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            await call.write(tok_pb.ProcessRequest(jobs=await self._jobs.take_batch()))
+
+    async def _read_results(self, call: grpc.aio.StreamStreamCall) -> None:
+        async for response in call:
+            for result in response.results:
+                future = self._pending_jobs.get(result.job_id)
+                if future is not None and not future.done():
+                    future.set_result(result)
+
+    async def _pump_submits(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            batch = await self._submits.take_batch()
+            msg = sched_pb.SubmitRequest(
+                requests=[item for item in batch if not isinstance(item, str)],
+                abort_ids=[item for item in batch if isinstance(item, str)],
+            )
+            await call.write(msg)
+
+    async def _read_acks(self, call: grpc.aio.StreamStreamCall) -> None:
+        async for response in call:
+            for rid in response.accepted_ids:
+                self.events.on_accepted(rid)
+            for rejection in response.rejected:
+                code = code_from_number(rejection.status.code)
+                self.events.on_rejected(rejection.request_id, code, rejection.status.message)
+
+    async def _read_deltas(self, call: grpc.aio.UnaryStreamCall) -> None:
+        async for response in call:
+            for delta in response.deltas:
+                self.events.on_delta(delta)
+
+
+class _Lost(Exception):
+    pass

@@ -1,0 +1,62 @@
+"""Prometheus metrics of the gateway: requests by status, TTFT / TPOT / E2E latency."""
+
+from __future__ import annotations
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
+)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+
+
+class GatewayMetrics:
+    """One registry per gateway, so several gateways (tests) never collide on global state."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "radixserve_requests",
+            "Finished RPCs by method and final status code",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "radixserve_generate_in_flight", "Generate calls in progress", registry=self.registry
+        )
+        self.ttft = Histogram(
+            "radixserve_time_to_first_token_seconds",
+            "Time from receiving a Generate call to its first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "radixserve_time_per_output_token_seconds",
+            "Mean time between output tokens after the first, per request",
+            buckets=_TPOT_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "radixserve_e2e_request_latency_seconds",
+            "Time from receiving a Generate call to its last event",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.completion_tokens = Counter(
+            "radixserve_completion_tokens", "Generated tokens", registry=self.registry
+        )
+
+    def on_status(self, method: str, code: grpc.StatusCode) -> None:
+        self.requests.labels(method=method, code=code.name).inc()
+
+    def on_finished(self, ttft_s: float | None, e2e_s: float, completion_tokens: int) -> None:
+        self.e2e.observe(e2e_s)
+        self.completion_tokens.inc(completion_tokens)
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+            if completion_tokens > 1:
+                self.tpot.observe((e2e_s - ttft_s) / (completion_tokens - 1))
+
+    def serve_http(self, port: int, host: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,159 @@
+"""gRPC server of the gateway: the public radixserve.v1.GenerateService.
+
+Servicer methods only parse, call the frontend, and build replies; statuses come from the
+ServiceErrors the frontend raises (mapped by the ErrorInterceptor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib import metadata
+from typing import NamedTuple
+
+import grpc
+from radixserve.services.common import rpc
+from radixserve.services.common.errors import ErrorInterceptor
+from radixserve.services.gateway import convert
+from radixserve.services.gateway.frontend import Frontend, FrontendConfig
+from radixserve.services.gateway.links import Links
+from radixserve.services.gateway.metrics import GatewayMetrics
+from radixserve.v1 import generate_pb2 as pb
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerateService"].full_name
+
+
+def _version() -> str:
+    try:
+        return metadata.version("radixserve")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class GenerateServicer(pb_grpc.GenerateServiceServicer):
+    def __init__(self, frontend: Frontend) -> None:
+        self._frontend = frontend
+        self._version = _version()
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        spec = convert.generate_spec_from_pb(request)
+        handle = self._frontend.open(spec)
+        async for event in self._frontend.run(handle):
+            yield convert.event_to_pb(handle.public_id, event)
+
+    async def Tokenize(
+        self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TokenizeResponse:
+        ids = await self._frontend.tokenize(convert.tokenize_prompt_from_pb(request))
+        return pb.TokenizeResponse(token_ids=ids)
+
+    async def Detokenize(
+        self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DetokenizeResponse:
+        text = await self._frontend.detokenize(list(request.token_ids), request.skip_special_tokens)
+        return pb.DetokenizeResponse(text=text)
+
+    async def Abort(
+        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortResponse:
+        return pb.AbortResponse(aborted=self._frontend.abort(list(request.request_ids)))
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetModelInfoResponse:
+        return convert.model_info_to_pb(self._frontend.model_info())
+
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetServerInfoResponse:
+        return convert.server_info_to_pb(self._version, await self._frontend.server_stats())
+
+
+@dataclass(frozen=True)
+class BackendAddresses:
+    tokenizer: str
+    scheduler: str
+    detokenizer: str
+
+
+class Gateway:
+    """The frontend, its backend links and its health, with one lifecycle."""
+
+    def __init__(
+        self, backends: BackendAddresses, config: FrontendConfig, metrics: GatewayMetrics
+    ) -> None:
+        self.metrics = metrics
+        self.health: rpc.Health | None = None
+        self.links = Links(
+            backends.tokenizer,
+            backends.scheduler,
+            backends.detokenizer,
+            on_ready=self._on_ready,
+        )
+        self.frontend = Frontend(self.links, config, metrics)
+        self.links.events = self.frontend
+        self._links_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._links_task = asyncio.create_task(self.links.run())
+
+    def _on_ready(self, ready: bool) -> None:
+        log.info("gateway %s", "ready" if ready else "not ready")
+        if self.health is not None and not self.frontend.draining:
+            asyncio.get_running_loop().create_task(self.health.set_serving(ready))
+
+    async def drain(self) -> None:
+        if self.health is not None:
+            await self.health.shutdown()
+        await self.frontend.drain()
+        if self._links_task is not None:
+            self._links_task.cancel()
+
+
+class Served(NamedTuple):
+    server: grpc.aio.Server
+    port: int
+    gateway: Gateway
+
+
+async def create_server(
+    address: str,
+    backends: BackendAddresses,
+    config: FrontendConfig | None = None,
+    metrics: GatewayMetrics | None = None,
+) -> Served:
+    """Build the gateway on `address` (port 0 picks one) and start connecting to the backends."""
+    metrics = metrics or GatewayMetrics()
+    gateway = Gateway(backends, config or FrontendConfig(), metrics)
+    server = rpc.create_aio_server([ErrorInterceptor(metrics.on_status)], rpc.PUBLIC_SERVER_OPTIONS)
+    pb_grpc.add_GenerateServiceServicer_to_server(GenerateServicer(gateway.frontend), server)
+    gateway.health = rpc.Health(server, [SERVICE_NAME])
+    rpc.enable_reflection(server, [SERVICE_NAME])
+    port = rpc.bind(server, address)
+    await gateway.health.set_serving(False)
+    gateway.start()
+    return Served(server, port, gateway)
+
+
+async def serve(
+    address: str,
+    backends: BackendAddresses,
+    config: FrontendConfig,
+    metrics_port: int | None = None,
+) -> int:
+    """Entry point of `radixserve gateway`: serve until SIGTERM, then drain."""
+    from radixserve.services.common.lifecycle import run_until_signal
+
+    metrics = GatewayMetrics()
+    if metrics_port:
+        metrics.serve_http(metrics_port)
+    served = await create_server(address, backends, config, metrics)
+    await served.server.start()
+    log.info("gateway listening on %s (port %d)", address, served.port)
+    return await run_until_signal(served.server, served.gateway.drain)

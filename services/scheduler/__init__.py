@@ -1,0 +1,1 @@
+"""The scheduler service: the engine's batching loop behind long-lived batch streams."""

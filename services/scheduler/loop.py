@@ -1,0 +1,245 @@
+"""The engine loop: one thread that owns the engine, applies batched commands, and steps.
+
+Everything that touches the engine happens on this thread, so the engine needs no locks. The
+asyncio side talks to it through `submit` (thread-safe) and a `LoopSink` whose methods the loop
+calls from its thread (implementations hop back onto the event loop).
+
+Each iteration: drain every queued command (blocking only when idle), apply new requests then
+aborts, run at most one engine step, and emit at most one `StepBatch`. An abort therefore frees
+its request's pages at the start of the next iteration: within two steps of arriving.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import grpc
+from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineLike(Protocol):
+    """The subset of `radixserve.engine.core.EngineCore` the loop drives (docs/engine-api.md)."""
+
+    model_info: Any
+
+    def add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> None: ...
+    def abort(self, rid: str) -> bool: ...
+    def step(self) -> list[Any]: ...
+    def has_work(self) -> bool: ...
+    def stats(self) -> dict[str, Any]: ...
+    def check_integrity(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    passthrough: Any = None  # detokenizer options, handed back untouched with the setup
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A batch from one gateway stream (`owner`), or aborts from the detokenizer (owner None)."""
+
+    owner: Hashable | None
+    requests: Sequence[NewRequest] = ()
+    abort_ids: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class AbortOwned:
+    """Abort everything `owner` submitted (its stream ended); None aborts every request."""
+
+    owner: Hashable | None
+
+
+Command = Submission | AbortOwned
+
+
+class Rejection(NamedTuple):
+    rid: str
+    code: grpc.StatusCode
+    message: str
+
+
+class Acks(NamedTuple):
+    owner: Hashable
+    accepted: list[str]
+    rejected: list[Rejection]
+
+
+class StepBatch(NamedTuple):
+    aborted: list[str]
+    setups: list[NewRequest]
+    outputs: list[Any]  # engine StepOutput
+
+
+class LoopSink(Protocol):
+    """Called on the loop thread. Implementations must not block."""
+
+    def on_ready(self, model_info: Any) -> None: ...
+    def on_acks(self, acks: Acks) -> None: ...
+    def on_step(self, batch: StepBatch) -> None: ...
+    def on_fatal(self, exc: BaseException) -> None: ...
+
+
+@dataclass
+class LoopConfig:
+    warmup: bool = True
+    idle_poll_s: float = 0.5  # how often an idle loop looks at the stop flag
+    max_waiting_requests: int | None = None  # None: the engine's own limit applies
+
+
+@dataclass
+class _Iteration:
+    accepted: dict[Hashable, list[str]] = field(default_factory=dict)
+    rejected: dict[Hashable, list[Rejection]] = field(default_factory=dict)
+    aborted: list[str] = field(default_factory=list)
+    setups: dict[str, NewRequest] = field(default_factory=dict)
+
+
+class EngineLoop:
+    def __init__(
+        self, engine_factory: Callable[[], EngineLike], sink: LoopSink, config: LoopConfig
+    ) -> None:
+        self._factory = engine_factory
+        self._sink = sink
+        self._config = config
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._owner: dict[str, Hashable] = {}  # live rid -> the gateway stream that sent it
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.engine: EngineLike | None = None
+        self.stats: dict[str, Any] = {}  # replaced (never mutated) after each iteration
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, command: Command) -> None:
+        self._inbox.put(command)
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stopping.set()
+        self._thread.join(timeout)
+
+    @property
+    def live_requests(self) -> int:
+        return len(self._owner)
+
+    def _run(self) -> None:
+        try:
+            engine = self._factory()
+            if self._config.warmup:
+                _warm_up(engine)
+            self.engine = engine
+            self.stats = dict(engine.stats())
+            self._sink.on_ready(engine.model_info)
+            busy = False
+            while not self._stopping.is_set():
+                busy = self._iterate(engine, busy)
+        except BaseException as exc:
+            log.exception("engine loop died")
+            self._sink.on_fatal(exc)
+
+    def _iterate(self, engine: EngineLike, was_busy: bool) -> bool:
+        commands = self._drain(block=not engine.has_work())
+        if commands:
+            it = _Iteration()
+            for command in commands:
+                self._apply(engine, command, it)
+            for owner, accepted in it.accepted.items():
+                self._sink.on_acks(Acks(owner, accepted, it.rejected.pop(owner, [])))
+            for owner, rejected in it.rejected.items():
+                self._sink.on_acks(Acks(owner, [], rejected))
+        else:
+            it = _Iteration()
+        outputs = engine.step() if engine.has_work() else []
+        for out in outputs:
+            if out.finish_reason is not None:
+                self._owner.pop(out.rid, None)
+        if outputs or it.aborted or it.setups:
+            self._sink.on_step(StepBatch(it.aborted, list(it.setups.values()), outputs))
+        if not (commands or outputs):
+            return was_busy
+        self.stats = dict(engine.stats())
+        busy = engine.has_work()
+        if was_busy and not busy:
+            # Idle: the pool invariant must hold and no request may be left behind.
+            assert not self._owner, f"idle engine but {len(self._owner)} requests still owned"
+            engine.check_integrity()
+        return busy
+
+    def _drain(self, block: bool) -> list[Command]:
+        commands: list[Command] = []
+        if block:
+            try:
+                commands.append(self._inbox.get(timeout=self._config.idle_poll_s))
+            except queue.Empty:
+                return commands
+        while True:
+            try:
+                commands.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _apply(self, engine: EngineLike, command: Command, it: _Iteration) -> None:
+        if isinstance(command, AbortOwned):
+            doomed = [r for r, o in self._owner.items() if command.owner is None or o == command.owner]
+            for rid in doomed:
+                self._abort(engine, rid, it)
+            return
+        for req in command.requests:
+            self._add(engine, command.owner, req, it)
+        for rid in command.abort_ids:
+            self._abort(engine, rid, it)
+
+    def _add(self, engine: EngineLike, owner: Hashable, req: NewRequest, it: _Iteration) -> None:
+        limit = self._config.max_waiting_requests
+        try:
+            if limit is not None and engine.stats().get("waiting_requests", 0) >= limit:
+                raise _QueueFull(f"queue full ({limit} waiting requests)")
+            engine.add_request(req.rid, list(req.prompt_ids), req.params)
+        except _QueueFull as exc:
+            it.rejected.setdefault(owner, []).append(
+                Rejection(req.rid, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            )
+            return
+        except InvalidRequestError as exc:
+            it.rejected.setdefault(owner, []).append(
+                Rejection(req.rid, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            )
+            return
+        self._owner[req.rid] = owner
+        it.accepted.setdefault(owner, []).append(req.rid)
+        it.setups[req.rid] = req
+
+    def _abort(self, engine: EngineLike, rid: str, it: _Iteration) -> None:
+        self._owner.pop(rid, None)
+        # A request added in this same iteration was never announced to the detokenizer; dropping
+        # its setup keeps the detokenizer from holding state for a request that never runs.
+        it.setups.pop(rid, None)
+        if engine.abort(rid):
+            it.aborted.append(rid)
+
+
+class _QueueFull(Exception):
+    pass
+
+
+def _warm_up(engine: EngineLike) -> None:
+    """Run one tiny greedy request end to end, so the first user does not pay for lazy init."""
+    rid = "__warmup__"
+    vocab = int(engine.model_info.vocab_size)
+    prompt = [i % vocab for i in range(1, 9)]
+    engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_new_tokens=2, ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    engine.check_integrity()

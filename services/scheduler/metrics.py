@@ -1,0 +1,47 @@
+"""Prometheus view of the engine loop's stats snapshot, computed at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class EngineStatsCollector(Collector):
+    """Reads the latest snapshot; never touches the engine (it lives on another thread)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        s = self._snapshot()
+        total = s.get("kv_pages_total", 0)
+        free = s.get("kv_pages_free", 0) + s.get("kv_pages_evictable", 0)
+        prompt = s.get("prompt_tokens_total", 0)
+        yield GaugeMetricFamily(
+            "radixserve_queue_depth", "Requests waiting for admission", s.get("waiting_requests", 0)
+        )
+        yield GaugeMetricFamily(
+            "radixserve_running_requests", "Requests in the running batch", s.get("running_requests", 0)
+        )
+        yield GaugeMetricFamily("radixserve_kv_pages_total", "KV cache pages", total)
+        yield GaugeMetricFamily(
+            "radixserve_kv_page_usage", "Share of KV pages held by running requests",
+            (total - free) / total if total else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "radixserve_prefix_cache_hit_rate", "Share of prompt tokens served from the prefix cache",
+            s.get("cached_tokens_total", 0) / prompt if prompt else 0.0,
+        )
+        yield CounterMetricFamily(
+            "radixserve_prompt_tokens", "Prompt tokens admitted", prompt
+        )
+
+
+def serve_metrics(port: int, snapshot: Callable[[], dict[str, Any]], host: str = "0.0.0.0") -> None:
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector(snapshot))
+    start_http_server(port, addr=host, registry=registry)

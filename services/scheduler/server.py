@@ -1,0 +1,233 @@
+"""gRPC server of the scheduler service (radixserve.internal.scheduler.v1)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NamedTuple
+
+import grpc
+from radixserve.engine.sampling.params import InvalidRequestError
+from radixserve.internal.common.v1 import common_pb2
+from radixserve.internal.scheduler.v1 import scheduler_pb2 as pb
+from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from radixserve.services.common import rpc
+from radixserve.services.common.errors import ErrorInterceptor, code_number, unavailable
+from radixserve.services.scheduler import convert
+from radixserve.services.scheduler.link import DetokenizerLink
+from radixserve.services.scheduler.loop import (
+    AbortOwned,
+    Acks,
+    EngineLike,
+    EngineLoop,
+    LoopConfig,
+    StepBatch,
+    Submission,
+)
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+
+
+class SchedulerApp:
+    """Owns the engine loop, the detokenizer link and readiness; the loop's `LoopSink`."""
+
+    def __init__(
+        self,
+        engine_factory: Callable[[], EngineLike],
+        detokenizer_address: str,
+        loop_config: LoopConfig | None = None,
+    ) -> None:
+        self._aio = asyncio.get_running_loop()
+        self.loop = EngineLoop(engine_factory, self, loop_config or LoopConfig())
+        self.link = DetokenizerLink(detokenizer_address, self._on_stop_aborts, self._on_link)
+        self.health: rpc.Health | None = None
+        self.fatal = asyncio.Event()
+        self.model_ready = False
+        self.draining = False
+        self._gateways: dict[int, asyncio.Queue[pb.SubmitResponse | None]] = {}
+        self._link_task: asyncio.Task[None] | None = None
+
+    @property
+    def accepting(self) -> bool:
+        return self.model_ready and self.link.connected and not self.draining
+
+    def start(self) -> None:
+        self.loop.start()
+        self._link_task = asyncio.create_task(self.link.run())
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests, let running ones finish (up to `timeout_s`), then stop the loop."""
+        self.draining = True
+        if self.health is not None:
+            await self.health.shutdown()
+        deadline = time.monotonic() + timeout_s
+        while self.loop.live_requests and not self.fatal.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(self.loop.stop, 10.0)
+        if self._link_task is not None:
+            self._link_task.cancel()
+
+    # -- LoopSink: called on the engine thread -------------------------------------------------
+    def on_ready(self, model_info: Any) -> None:
+        self._aio.call_soon_threadsafe(self._set_ready)
+
+    def on_acks(self, acks: Acks) -> None:
+        msg = convert.acks_to_pb(acks)
+        self._aio.call_soon_threadsafe(self._deliver_acks, acks.owner, msg)
+
+    def on_step(self, batch: StepBatch) -> None:
+        msg = convert.step_to_pb(batch)
+        self._aio.call_soon_threadsafe(self.link.send, msg)
+
+    def on_fatal(self, exc: BaseException) -> None:
+        self._aio.call_soon_threadsafe(self.fatal.set)
+
+    # -- event loop side ------------------------------------------------------------------------
+    def _set_ready(self) -> None:
+        self.model_ready = True
+        log.info("model loaded and warmed up")
+        self._aio.create_task(self._update_health())
+
+    def _on_link(self, connected: bool) -> None:
+        log.info("detokenizer link %s", "up" if connected else "down")
+        if not connected:
+            self.loop.submit(AbortOwned(None))  # their outputs have nowhere to go
+        self._aio.create_task(self._update_health())
+
+    def _on_stop_aborts(self, rids: list[str]) -> None:
+        self.loop.submit(Submission(owner=None, abort_ids=rids))
+
+    def _deliver_acks(self, owner: Any, msg: pb.SubmitResponse) -> None:
+        queue = self._gateways.get(owner)
+        if queue is not None:
+            queue.put_nowait(msg)
+
+    async def _update_health(self) -> None:
+        if self.health is not None and not self.draining:
+            await self.health.set_serving(self.accepting)
+
+    def open_gateway(self, owner: int) -> asyncio.Queue[pb.SubmitResponse | None]:
+        queue: asyncio.Queue[pb.SubmitResponse | None] = asyncio.Queue()
+        self._gateways[owner] = queue
+        return queue
+
+    def close_gateway(self, owner: int) -> None:
+        self._gateways.pop(owner, None)
+        self.loop.submit(AbortOwned(owner))  # nobody is left to read their outputs
+
+    def accept(self, owner: int, msg: pb.SubmitRequest) -> pb.SubmitResponse | None:
+        """Hand a batch to the loop; answer at once the requests that cannot be taken."""
+        rejected: list[pb.Rejection] = []
+        requests = []
+        for new in msg.requests:
+            try:
+                if not self.accepting:
+                    raise _Refused(grpc.StatusCode.UNAVAILABLE, "scheduler is not serving")
+                requests.append(convert.new_request_from_pb(new))
+            except InvalidRequestError as exc:
+                rejected.append(_rejection(new.request_id, grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+            except _Refused as exc:
+                rejected.append(_rejection(new.request_id, exc.code, str(exc)))
+        self.loop.submit(Submission(owner, requests, list(msg.abort_ids)))
+        return pb.SubmitResponse(rejected=rejected) if rejected else None
+
+
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _rejection(rid: str, code: grpc.StatusCode, message: str) -> pb.Rejection:
+    return pb.Rejection(request_id=rid, status=common_pb2.Status(code=code_number(code), message=message))
+
+
+class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
+    def __init__(self, app: SchedulerApp) -> None:
+        self._app = app
+        self._owners = itertools.count(1)
+
+    async def Submit(
+        self, request_iterator: AsyncIterator[pb.SubmitRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SubmitResponse]:
+        owner = next(self._owners)
+        outbox = self._app.open_gateway(owner)
+        await context.send_initial_metadata(())  # lets the client's wait_for_connection return
+        reader = asyncio.create_task(self._read(owner, request_iterator, outbox))
+        try:
+            while (msg := await outbox.get()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+            self._app.close_gateway(owner)
+
+    async def _read(
+        self, owner: int, requests: AsyncIterator[pb.SubmitRequest], outbox: asyncio.Queue
+    ) -> None:
+        try:
+            async for msg in requests:
+                immediate = self._app.accept(owner, msg)
+                if immediate is not None:
+                    outbox.put_nowait(immediate)
+        finally:
+            outbox.put_nowait(None)  # the gateway half-closed or went away: end the stream
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetModelInfoResponse:
+        engine = self._app.loop.engine
+        if engine is None:
+            raise unavailable("the model is still loading")
+        return convert.model_info_to_pb(engine.model_info)
+
+    async def GetStats(
+        self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatsResponse:
+        return convert.stats_to_pb(self._app.loop.stats)
+
+
+class Served(NamedTuple):
+    server: grpc.aio.Server
+    port: int
+    app: SchedulerApp
+
+
+async def create_server(address: str, app: SchedulerApp) -> Served:
+    """Build the scheduler server on `address` and start the app (loop thread + link)."""
+    server = rpc.create_aio_server([ErrorInterceptor()], rpc.INTERNAL_SERVER_OPTIONS)
+    pb_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(app), server)
+    app.health = rpc.Health(server, [SERVICE_NAME])
+    rpc.enable_reflection(server, [SERVICE_NAME])
+    port = rpc.bind(server, address)
+    await app.health.set_serving(False)
+    app.start()
+    return Served(server, port, app)
+
+
+async def serve(
+    address: str,
+    engine_config: Any,
+    detokenizer_address: str,
+    metrics_port: int | None = None,
+    drain_timeout_s: float = 30.0,
+) -> int:
+    """Entry point of `radixserve scheduler`: load the model on the loop thread while health says
+    NOT_SERVING, serve, drain on SIGTERM; exit 1 if the engine loop dies."""
+    from radixserve.engine.core import EngineCore
+    from radixserve.services.common.lifecycle import run_until_signal
+    from radixserve.services.scheduler.metrics import serve_metrics
+
+    config = LoopConfig(max_waiting_requests=engine_config.max_queued_requests)
+    app = SchedulerApp(lambda: EngineCore(engine_config), detokenizer_address, config)
+    served = await create_server(address, app)
+    if metrics_port:
+        serve_metrics(metrics_port, lambda: app.loop.stats)
+    await served.server.start()
+    log.info("scheduler listening on %s; loading %s", address, engine_config.model_path)
+    return await run_until_signal(
+        served.server, lambda: app.drain(drain_timeout_s), fatal=app.fatal
+    )

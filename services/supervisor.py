@@ -1,0 +1,171 @@
+"""`radixserve serve`: start the four services as child processes and keep them honest.
+
+Order: tokenizer, detokenizer, scheduler, gateway are started together (model and tokenizer
+loads overlap) and their readiness is awaited in that order through grpc.health.v1. Internal
+services listen on unix sockets in a private (0700) folder; only the gateway takes a TCP port.
+
+Policy when a child dies: the supervisor does not restart it. The gateway has already answered
+UNAVAILABLE to every open stream (it watches its backend streams); the supervisor then drains and
+stops the remaining children and exits non-zero, so an outer supervisor (systemd, Kubernetes,
+docker restart policy) restarts the whole stack from a clean state. Children get SIGTERM if the
+supervisor itself dies (PR_SET_PDEATHSIG), so nothing is orphaned.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from radixserve.services.common.lifecycle import PARENT_PID_ENV
+from radixserve.services.config import ServeConfig
+
+log = logging.getLogger("radixserve.serve")
+POLL_S = 0.1
+STOP_GRACE_S = 10.0  # after a child's own drain, how long before SIGKILL
+
+
+@dataclass(frozen=True)
+class Child:
+    name: str
+    argv: list[str]
+    address: str  # where its health service answers
+
+
+class Supervisor:
+    def __init__(self, config: ServeConfig, engine_argv: list[str]) -> None:
+        self._config = config
+        self._engine_argv = engine_argv
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._stop_signal: int | None = None
+
+    def run(self) -> int:
+        sockets = tempfile.mkdtemp(prefix="radixserve-")
+        os.chmod(sockets, 0o700)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            children = self._children(sockets)
+            for child in children:
+                self._spawn(child)
+            ready = self._wait_ready(children)
+            if ready:
+                log.info("serving %s on %s", self._config.engine.model_path, self._config.gateway_address)
+                failed = self._watch()
+            else:
+                failed = self._stop_signal is None
+        finally:
+            self._shutdown()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            shutil.rmtree(sockets, ignore_errors=True)
+        return 1 if failed else 0
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop_signal = signum
+
+    def _children(self, sockets: str) -> list[Child]:
+        cfg = self._config
+        cli = [sys.executable, "-m", "radixserve.services.cli"]
+        model = ["--model", cfg.engine.model_path, "--log-level", cfg.log_level]
+        addr = {n: f"unix:{sockets}/{n}.sock" for n in ("tokenizer", "detokenizer", "scheduler")}
+        sched_metrics = ["--metrics-port", str(cfg.metrics_port + 1)] if cfg.metrics_port else []
+        gw_metrics = ["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port else []
+        limits = [
+            "--default-max-new-tokens", str(cfg.gateway.default_max_new_tokens),
+            "--max-in-flight", str(cfg.gateway.max_in_flight),
+            "--drain-timeout", str(cfg.gateway.drain_timeout_s),
+        ]
+        return [
+            Child("tokenizer", [*cli, "tokenizer", *model, "--address", addr["tokenizer"]],
+                  addr["tokenizer"]),
+            Child("detokenizer", [*cli, "detokenizer", *model, "--address", addr["detokenizer"]],
+                  addr["detokenizer"]),
+            Child("scheduler", [*cli, "scheduler", *model, "--address", addr["scheduler"],
+                                "--detokenizer-addr", addr["detokenizer"], *self._engine_argv,
+                                *sched_metrics], addr["scheduler"]),
+            Child("gateway", [*cli, "gateway", "--address", cfg.gateway_address,
+                              "--tokenizer-addr", addr["tokenizer"],
+                              "--scheduler-addr", addr["scheduler"],
+                              "--detokenizer-addr", addr["detokenizer"],
+                              "--log-level", cfg.log_level, *limits, *gw_metrics],
+                  cfg.gateway_address),
+        ]
+
+    def _spawn(self, child: Child) -> None:
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+        # A session of its own: a terminal's Ctrl-C reaches only the supervisor, which then stops
+        # the children in order (gateway first) instead of all of them at once.
+        self._procs[child.name] = subprocess.Popen(child.argv, env=env, start_new_session=True)
+        log.info("started %s (pid %d)", child.name, self._procs[child.name].pid)
+
+    def _wait_ready(self, children: list[Child]) -> bool:
+        deadline = time.monotonic() + self._config.startup_timeout_s
+        for child in children:
+            with grpc.insecure_channel(child.address) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                while not _serving(stub):
+                    if self._stop_signal is not None or self._dead_child() is not None:
+                        return False
+                    if time.monotonic() > deadline:
+                        log.error("%s not ready after %.0f s", child.name, self._config.startup_timeout_s)
+                        return False
+                    time.sleep(POLL_S)
+            log.info("%s ready", child.name)
+        return True
+
+    def _watch(self) -> bool:
+        """Until a signal (False: clean stop) or a child's death (True: failure)."""
+        while self._stop_signal is None:
+            dead = self._dead_child()
+            if dead is not None:
+                return True
+            time.sleep(POLL_S)
+        log.info("signal %d: draining", self._stop_signal)
+        return False
+
+    def _dead_child(self) -> str | None:
+        for name, proc in self._procs.items():
+            code = proc.poll()
+            if code is not None:
+                log.error("%s exited with code %d; stopping the others", name, code)
+                return name
+        return None
+
+    def _shutdown(self) -> None:
+        """Gateway first (it drains client streams), then the backends together."""
+        drain_s = self._config.gateway.drain_timeout_s
+        gateway = self._procs.get("gateway")
+        if gateway is not None:
+            _terminate([gateway], drain_s + STOP_GRACE_S)
+        _terminate([p for n, p in self._procs.items() if n != "gateway"], drain_s + STOP_GRACE_S)
+
+
+def _serving(stub: health_pb2_grpc.HealthStub) -> bool:
+    try:
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+    except grpc.RpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.error("pid %d did not stop in %.0f s; killing it", proc.pid, timeout_s)
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,1 @@
+"""The tokenizer service: text and chat messages to token ids and back."""
