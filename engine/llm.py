@@ -56,12 +56,18 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         outputs: dict[str, GenerationOutput] = {}
         detoks: dict[str, IncrementalDetokenizer] = {}
-        for prompt, p in zip(prompts, params_list):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            rid = f"offline-{next(self._ids)}"
-            self.core.add_request(rid, ids, p)
-            outputs[rid] = GenerationOutput(prompt if isinstance(prompt, str) else list(prompt))
-            detoks[rid] = IncrementalDetokenizer(self.tokenizer, ids, stop=p.stop, include_stop_str=p.include_stop_str)
+        try:
+            for prompt, p in zip(prompts, params_list):
+                ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+                rid = f"offline-{next(self._ids)}"
+                self.core.add_request(rid, ids, p)
+                outputs[rid] = GenerationOutput(prompt if isinstance(prompt, str) else list(prompt))
+                detoks[rid] = IncrementalDetokenizer(self.tokenizer, ids, stop=p.stop,
+                                                     include_stop_str=p.include_stop_str)
+        except Exception:
+            for rid in outputs:  # all or nothing: a bad prompt leaves no request behind
+                self.core.abort(rid)
+            raise
         pending = set(outputs)
         while pending:
             for step in self.core.step():

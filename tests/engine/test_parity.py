@@ -1,0 +1,104 @@
+"""Greedy parity with transformers on random-weight checkpoints (float32, CPU), DESIGN.md §6."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from checkpoints import assert_outputs_vary, hf_greedy, hf_logits
+from radixserve.engine import SamplingParams
+
+NEW_TOKENS = 16
+
+
+def mixed_prompts(n: int = 16, seed: int = 0, vocab: int = 1000) -> list[list[int]]:
+    """Prompts from 3 to 90 tokens; the long ones need several chunks at a 16-token budget."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.choice([3, 7, 15, 16, 17, 33, 64, 90]))] for _ in range(n)]
+
+
+def greedy(n: int = NEW_TOKENS) -> SamplingParams:
+    return SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def references(ckpt):
+    cache: dict[str, list[list[int]]] = {}
+
+    def get(kind: str, prompts: list[list[int]]) -> list[list[int]]:
+        key = f"{kind}:{hash(str(prompts))}"
+        if key not in cache:
+            cache[key] = hf_greedy(ckpt(kind), prompts, NEW_TOKENS)
+        return cache[key]
+
+    return get
+
+
+CONFIGS = {
+    "default": {},
+    "chunked": {"max_prefill_tokens": 16},
+    "page1": {"page_size": 1},
+    "no_overlap": {"overlap": False},
+    "naive_cache": {"cache": "naive"},
+    "chunked_page4_no_overlap": {"max_prefill_tokens": 16, "page_size": 4, "overlap": False},
+}
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama", "qwen2"])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_batched_greedy_matches_transformers(kind, config, ckpt, references, make_llm):
+    prompts = mixed_prompts()
+    ref = references(kind, prompts)
+    assert_outputs_vary(ref)
+    llm = make_llm(ckpt(kind), **CONFIGS[config])
+    got = [o.token_ids for o in llm.generate(prompts, greedy())]
+    assert got == ref
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_prefix_cache_hits_keep_outputs(kind, page_size, ckpt, references, make_llm):
+    rng = random.Random(1)
+    shared = [rng.randrange(3, 1000) for _ in range(40)]
+    prompts = [shared + [rng.randrange(3, 1000) for _ in range(rng.randint(1, 20))] for _ in range(8)]
+    ref = references(kind, prompts)
+    llm = make_llm(ckpt(kind), page_size=page_size, max_prefill_tokens=32)
+    first = llm.generate(prompts[:1], greedy())  # warms the cache with the shared prefix
+    rest = llm.generate(prompts[1:] + prompts[:1], greedy())
+    assert [first[0].token_ids] + [o.token_ids for o in rest[:-1]] == ref
+    assert rest[-1].token_ids == ref[0]  # the repeated prompt: fully cached but one token
+    assert all(o.cached_tokens > 0 for o in rest)
+    assert rest[-1].cached_tokens == (len(prompts[0]) - 1) // page_size * page_size
+    assert llm.stats()["cached_tokens_total"] > 0
+
+
+def test_radix_and_naive_agree(ckpt, make_llm):
+    prompts = mixed_prompts(seed=3)
+    radix_llm, naive_llm = make_llm(ckpt("qwen3"), cache="radix"), make_llm(ckpt("qwen3"), cache="naive")
+    # Second round repeats the prompts after the first finished, so the radix cache can hit.
+    radix = radix_llm.generate(prompts, greedy()) + radix_llm.generate(prompts, greedy())
+    naive = naive_llm.generate(prompts, greedy()) + naive_llm.generate(prompts, greedy())
+    assert [o.token_ids for o in radix] == [o.token_ids for o in naive]
+    assert sum(o.cached_tokens for o in radix) > 0 and sum(o.cached_tokens for o in naive) == 0
+
+
+def test_sharded_untied_checkpoint_loads(ckpt, make_llm):
+    prompts = mixed_prompts(4, seed=5)
+    ref = hf_greedy(ckpt("qwen3_sharded"), prompts, NEW_TOKENS)
+    got = make_llm(ckpt("qwen3_sharded")).generate(prompts, greedy())
+    assert [o.token_ids for o in got] == ref
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama", "qwen2"])
+def test_logprobs_match_transformers(kind, ckpt, make_llm):
+    prompt = mixed_prompts(1, seed=7)[0]
+    llm = make_llm(ckpt(kind))
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True, top_logprobs=5))[0]
+    ref = torch.log_softmax(hf_logits(ckpt(kind), prompt + out.token_ids[:-1]), dim=-1)[len(prompt) - 1 :]
+    for i, lp in enumerate(out.logprobs):
+        assert abs(lp.logprob - ref[i, out.token_ids[i]].item()) < 2e-3
+        for token, value in lp.top:
+            assert abs(value - ref[i, token].item()) < 2e-3
+        assert [t for t, _ in lp.top] == ref[i].topk(5).indices.tolist()

@@ -1,0 +1,172 @@
+"""Sampling and stopping behaviour through the offline API."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from radixserve.engine import InvalidRequestError, SamplingParams
+
+PROMPTS = [[5, 17, 99, 203, 7], [300, 2, 41], [12, 12, 12, 800, 45, 46, 47, 48], [600, 601]]
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    from checkpoints import checkpoint
+
+    return checkpoint("qwen3", tmp_path_factory)
+
+
+def ids(outs):
+    return [o.token_ids for o in outs]
+
+
+def test_temperature_zero_and_top_k_one_are_greedy(path, make_llm):
+    llm = make_llm(path)
+    greedy = ids(llm.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)))
+    top1 = ids(llm.generate(PROMPTS, SamplingParams(temperature=0.8, top_k=1, max_new_tokens=12, ignore_eos=True)))
+    assert greedy == top1
+
+
+def test_seed_reproducible_whatever_the_batch(path, make_llm):
+    llm = make_llm(path)
+    p = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, seed=1234, max_new_tokens=16, ignore_eos=True)
+    alone = llm.generate(PROMPTS[:1], p)[0].token_ids
+    others = [SamplingParams(temperature=0.7, seed=s, max_new_tokens=9, ignore_eos=True) for s in range(5)]
+    mixed = llm.generate(PROMPTS[1:] + PROMPTS[:1] + PROMPTS[1:2], others[:3] + [p] + others[3:4])
+    assert mixed[3].token_ids == alone
+    other_seed = llm.generate(PROMPTS[:1], dataclasses.replace(p, seed=99))[0].token_ids
+    assert other_seed != alone  # the seed matters
+
+
+def test_unseeded_sampling_varies(path, make_llm):
+    llm = make_llm(path)
+    p = SamplingParams(temperature=1.5, max_new_tokens=16, ignore_eos=True)
+    outs = ids(llm.generate(PROMPTS[:1] * 4, p))
+    assert len({tuple(o) for o in outs}) > 1
+
+
+def test_penalties_change_the_output(path, make_llm):
+    llm = make_llm(path)
+    base = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
+    plain = ids(llm.generate(PROMPTS, base))
+    for field, value in (("repetition_penalty", 1.8), ("frequency_penalty", 2.0), ("presence_penalty", 2.0)):
+        got = ids(llm.generate(PROMPTS, dataclasses.replace(base, **{field: value})))
+        assert got != plain, field
+
+
+def test_penalty_arithmetic():
+    """repetition over prompt + output (divide positive, multiply negative); frequency / presence
+    subtract per output occurrence / once, as transformers and OpenAI define them."""
+    import torch
+
+    from radixserve.engine.sampling.sampler import Penalties, Sampler
+
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]])
+    pool = torch.tensor([[0, 1, 3, 3, 2, 4, 4]])  # prompt = first 2 tokens; output: 3, 3, 2
+    pen = Penalties(rows=torch.tensor([0]), slots=torch.tensor([0]), prompt_lens=torch.tensor([2]),
+                    seq_lens=torch.tensor([5]), repetition=torch.tensor([[2.0]]),
+                    frequency=torch.tensor([[0.5]]), presence=torch.tensor([[0.25]]))
+    Sampler._apply_penalties(logits, pen, pool)
+    expected = [2.0 / 2, -1.0 * 2, 0.5 / 2 - 0.5 - 0.25, 3.0 / 2 - 1.0 - 0.25, -2.0]
+    assert logits[0].tolist() == pytest.approx(expected)
+
+
+def test_each_stop_condition_reports_its_reason(path, make_llm):
+    llm = make_llm(path)
+    base = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
+    ref = llm.generate(PROMPTS[:1], base)[0]
+    assert ref.finish_reason == "length" and len(ref.token_ids) == 10
+
+    stop_tok = ref.token_ids[3]
+    first = ref.token_ids.index(stop_tok)
+    out = llm.generate(PROMPTS[:1], dataclasses.replace(base, stop_token_ids=(stop_tok,)))[0]
+    assert out.finish_reason == "stop_token" and out.token_ids == ref.token_ids[: first + 1]
+    assert out.matched_stop == stop_tok
+
+    held = llm.generate(PROMPTS[:1], dataclasses.replace(base, stop_token_ids=(stop_tok,), min_new_tokens=first + 2))[0]
+    assert stop_tok not in held.token_ids[: first + 2]  # banned until min_new_tokens are out
+
+    llm.core.model_info = dataclasses.replace(llm.core.model_info, eos_token_ids=(stop_tok,))
+    out = llm.generate(PROMPTS[:1], dataclasses.replace(base, ignore_eos=False))[0]
+    assert out.finish_reason == "eos" and out.token_ids[-1] == stop_tok
+
+    text = ref.text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), f"need a visible stop string in {text!r}"
+    out = llm.generate(PROMPTS[:1], dataclasses.replace(base, stop=(stop,)))[0]
+    assert out.finish_reason == "stop_string" and out.matched_stop == stop
+    assert out.text == text[: text.index(stop)]
+    kept = llm.generate(PROMPTS[:1], dataclasses.replace(base, stop=(stop,), include_stop_str=True))[0]
+    assert kept.text == text[: text.index(stop) + len(stop)]
+
+
+def test_abort_reports_and_frees(path, make_llm):
+    llm = make_llm(path, max_prefill_tokens=16)
+    core = llm.core
+    p = SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS * 3):
+        core.add_request(f"r{i}", prompt * 8, p)
+    for step in range(6):  # abort at different phases: queued, mid-prefill, decoding
+        core.step()
+        assert core.abort(f"r{step * 2}")
+        assert not core.abort(f"r{step * 2}")  # idempotent
+    while core.has_work():
+        core.step()
+    assert not core.abort("unknown")
+
+
+def test_logprobs_are_returned(path, make_llm):
+    llm = make_llm(path)
+    out = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_new_tokens=5, top_logprobs=3))
+    for o in out:
+        assert len(o.logprobs) == len(o.token_ids)
+        for tok, lp in zip(o.token_ids, o.logprobs):
+            assert lp.top[0][0] == tok and lp.logprob == pytest.approx(lp.top[0][1])  # greedy = top-1
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"temperature": -1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -2}, "top_k"), ({"min_p": 2}, "min_p"), ({"min_p": -0.1}, "min_p"),
+    ({"max_new_tokens": 0}, "max_new_tokens"), ({"max_new_tokens": -1}, "max_new_tokens"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"repetition_penalty": 2.5}, "repetition_penalty"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"), ({"presence_penalty": -3}, "presence_penalty"),
+    ({"stop": ("",)}, "stop"), ({"stop": tuple("abcdefghijklmnopq")}, "stop"), ({"stop": ("x" * 300,)}, "stop"),
+    ({"top_logprobs": 21}, "top_logprobs"), ({"min_new_tokens": 5, "max_new_tokens": 2}, "min_new_tokens"),
+])
+def test_bad_params_name_the_field(kwargs, field):
+    with pytest.raises(InvalidRequestError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_bad_requests_are_rejected_before_running(path, make_llm):
+    llm = make_llm(path, num_pages=8, page_size=16)  # 128 tokens of KV in all
+    core, ctx = llm.core, llm.core.model_info.max_context
+    p = SamplingParams(max_new_tokens=4)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        core.add_request("a", [], p)
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        core.add_request("a", [1, core.model_info.vocab_size], p)
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        core.add_request("a", [-1], p)
+    with pytest.raises(InvalidRequestError, match=f"context is {ctx}"):
+        core.add_request("a", [1] * ctx, p)
+    with pytest.raises(InvalidRequestError, match=f"10 tokens in prompt, {ctx} requested, limit {ctx}"):
+        core.add_request("a", [1] * 10, SamplingParams(max_new_tokens=ctx))
+    with pytest.raises(InvalidRequestError, match="whole pool"):
+        core.add_request("a", [1] * 100, SamplingParams(max_new_tokens=100))
+    core.add_request("a", [1, 2], p)
+    with pytest.raises(InvalidRequestError, match="already running"):
+        core.add_request("a", [1, 2], p)
+    while core.has_work():
+        core.step()
+
+
+def test_kv_pressure_finishes_everything_with_same_outputs(path, make_llm):
+    prompts = [[(i * 37 + j) % 900 + 3 for j in range(20 + i)] for i in range(12)]
+    p = SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True)
+    roomy = ids(make_llm(path).generate(prompts, p))
+    tight = make_llm(path, num_pages=16, page_size=4)  # room for about one request at a time
+    assert ids(tight.generate(prompts, p)) == roomy
