@@ -1,0 +1,179 @@
+"""Incremental detokenization with stop strings, shared by the offline `LLM` and the detokenizer
+service. Torch-free on purpose: the detokenizer process must start without loading torch.
+
+Text is produced with the prefix-offset / read-offset technique. Only a short window of ids is
+decoded per push, and the part of it already emitted is decoded on its own and cut off:
+
+    ids:  ... emitted long ago | prefix_offset .. read_offset | read_offset .. end
+                               |  context, already emitted    |  new, not yet shown
+
+Decoding the context together with the new ids gives the new ids the neighbours a tokenizer needs
+to render them right (a sentencepiece leading space, a multi-byte character split over ids). The
+window moves forward on every emission, so cost per push is O(window), not O(generated length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+# How many prompt ids to use as decoding context for the first generated ids.
+PROMPT_CONTEXT_IDS = 5
+# What lossy UTF-8 decoding yields for an incomplete multi-byte character at the end of the text.
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class TextDecoder(Protocol):
+    """What we need from a tokenizer: `tokenizers.Tokenizer` and transformers tokenizers both fit.
+
+    With a transformers tokenizer whose `clean_up_tokenization_spaces` is true, decoding windows
+    and decoding the whole sequence can differ around punctuation; byte-level BPE models (Qwen,
+    Llama 3, the demo model) set it false.
+    """
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class DetokenizeStep(NamedTuple):
+    text: str  # newly emitted text; "" when everything new is held back
+    stopped: str | None  # the stop string matched by this push, else None
+
+
+class IncrementalDetokenizer:
+    """Turns one request's generated ids into text deltas, applying stop strings.
+
+    Text is held back (1) while the decoded window ends in U+FFFD, i.e. a character is still
+    incomplete, and (2) while the end of the pending text could be the start of a stop string;
+    a stop string is therefore never partly emitted. On a match the text before it (and the stop
+    string itself when `include_stop_str`) is emitted, `stopped` names it, and every later
+    `push` / `flush` returns nothing.
+    """
+
+    def __init__(
+        self,
+        tokenizer: TextDecoder,
+        prompt_ids: Sequence[int] | None = None,
+        stop: Sequence[str] = (),
+        include_stop_str: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> None:
+        if isinstance(stop, str):
+            stop = (stop,)
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._stop = tuple(dict.fromkeys(s for s in stop if s))  # dedup; "" would match anywhere
+        self._include_stop_str = include_stop_str
+        # Only the window is kept: ids before the prefix offset are dropped as it moves, so the
+        # prefix offset is always 0 here and `_ids[:_read_offset]` is the context.
+        self._ids: list[int] = list(prompt_ids[-PROMPT_CONTEXT_IDS:]) if prompt_ids else []
+        self._read_offset = len(self._ids)
+        self._prefix_text = self._decode(self._ids)
+        if self._prefix_text.endswith(REPLACEMENT_CHAR):
+            # The prompt ends mid-character. Its tail as context would swallow the bytes that
+            # complete it; without context they show up as U+FFFD, as a one-shot decode shows them.
+            self._ids, self._read_offset, self._prefix_text = [], 0, ""
+        self._pending = ""  # decoded, not emitted: a suffix that may begin a stop string
+        self._chunks: list[str] = []
+        self._matched_stop: str | None = None
+        self._done = False  # stopped or flushed
+
+    @property
+    def full_text(self) -> str:
+        """Everything emitted so far (all deltas and flushes joined)."""
+        if len(self._chunks) > 1:
+            self._chunks = ["".join(self._chunks)]
+        return self._chunks[0] if self._chunks else ""
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that ended this request's text, if any."""
+        return self._matched_stop
+
+    def push(self, token_ids: Sequence[int]) -> DetokenizeStep:
+        """Add newly generated ids; return the text they release and any stop string matched."""
+        if self._done or not token_ids:
+            return DetokenizeStep("", None)
+        self._ids.extend(token_ids)
+        text = self._decode(self._ids)
+        if len(text) <= len(self._prefix_text) or text.endswith(REPLACEMENT_CHAR):
+            return DetokenizeStep("", None)  # nothing visible yet, or a character is unfinished
+        delta = text[len(self._prefix_text) :]
+        self._advance_window()
+        return self._release(self._pending + delta, final=False)
+
+    def flush(self) -> str:
+        """End of generation: emit the held-back text, except a trailing incomplete character.
+        A stop string completed by that text still counts (see `matched_stop`)."""
+        if self._done:
+            return ""
+        text = self._decode(self._ids).rstrip(REPLACEMENT_CHAR)
+        delta = text[len(self._prefix_text) :]
+        step = self._release(self._pending + delta, final=True)
+        self._done = True
+        return step.text
+
+    def _decode(self, ids: list[int]) -> str:
+        if not ids:
+            return ""
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
+
+    def _advance_window(self) -> None:
+        # The part just emitted becomes the context of the next decode; the old context is no
+        # longer needed, so it is dropped and the read offset rebased.
+        del self._ids[: self._read_offset]
+        self._read_offset = len(self._ids)
+        self._prefix_text = self._decode(self._ids)
+
+    def _release(self, text: str, *, final: bool) -> DetokenizeStep:
+        """Emit what of `text` (pending + new) is safe, keep the rest pending."""
+        match = _first_stop(text, self._stop)
+        if match is not None:
+            start, stop_str = match
+            end = start + len(stop_str) if self._include_stop_str else start
+            self._matched_stop, self._done, self._pending = stop_str, True, ""
+            return self._emit(text[:end], stop_str)
+        held = 0 if final else _held_len(text, self._stop)
+        self._pending = text[len(text) - held :] if held else ""
+        return self._emit(text[: len(text) - held], None)
+
+    def _emit(self, text: str, stopped: str | None) -> DetokenizeStep:
+        if text:
+            self._chunks.append(text)
+        return DetokenizeStep(text, stopped)
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """(start, stop) of the match that ends first in `text` (ties: the longer one).
+
+    Ranking by end rather than start makes the result independent of how the text was split
+    into pushes: with stops "abcd" and "c", streaming "abc" then "d" stops at "c", so one push of
+    "abcd" must too.
+    """
+    best: tuple[int, int, str] | None = None  # (end, start, stop)
+    for stop_str in stops:
+        start = text.find(stop_str)
+        if start >= 0:
+            candidate = (start + len(stop_str), start, stop_str)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+    return None if best is None else (best[1], best[2])
+
+
+def _held_len(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string.
+
+    Only prefix lengths k whose last character equals text[-1] can qualify, so they are found with
+    rfind instead of trying every k (stop strings may be a few hundred characters long).
+    """
+    if not text or not stops:
+        return 0
+    last, best = text[-1], 0
+    for stop_str in stops:
+        limit = min(len(stop_str) - 1, len(text))  # a full match was handled by _first_stop
+        k = stop_str.rfind(last, 0, limit) + 1  # candidate prefix length, 0 if none
+        while k > best:
+            if text.endswith(stop_str[:k]):
+                best = k
+                break
+            k = stop_str.rfind(last, 0, k - 1) + 1
+    return best
