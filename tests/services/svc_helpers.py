@@ -1,0 +1,317 @@
+"""Helpers for the service tests: a fake engine, an in-process stack, and the real
+four-process stack started through `radixserve serve`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from radixserve.engine.core import StepOutput
+from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.v1 import generate_pb2 as pb
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+# -- fake engine ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _FakeReq:
+    prompt: list[int]
+    params: SamplingParams
+    produced: int = 0
+
+
+@dataclass
+class FakeEngine:
+    """Deterministic stand-in for EngineCore: emits prompt[-1]+1, +2, ... (mod vocab, never 0)."""
+
+    vocab_size: int = 1024
+    max_context: int = 4096
+    step_delay_s: float = 0.0
+    reject_token: int | None = None  # a prompt containing it is rejected, like a too-big request
+    reqs: dict[str, _FakeReq] = field(default_factory=dict)
+    aborted: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.model_info = SimpleNamespace(
+            model_name="fake", architecture="FakeForCausalLM", vocab_size=self.vocab_size,
+            max_context=self.max_context, eos_token_ids=(0,), dtype="float32",
+        )
+
+    def add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        if rid in self.reqs:
+            raise InvalidRequestError(f"duplicate {rid}")
+        if self.reject_token is not None and self.reject_token in prompt_ids:
+            raise InvalidRequestError("request needs more KV pages than the pool has")
+        self.reqs[rid] = _FakeReq(list(prompt_ids), params)
+        self.added.append(rid)
+
+    def abort(self, rid: str) -> bool:
+        self.aborted.append(rid)
+        return self.reqs.pop(rid, None) is not None
+
+    def has_work(self) -> bool:
+        return bool(self.reqs)
+
+    def step(self) -> list[StepOutput]:
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        outs = []
+        for rid, req in list(self.reqs.items()):
+            req.produced += 1
+            token = 1 + (req.prompt[-1] + req.produced - 1) % (self.vocab_size - 1)
+            done = req.produced >= (req.params.max_new_tokens or 1)
+            if done:
+                del self.reqs[rid]
+            outs.append(StepOutput(rid, [token], None, "length" if done else None, None,
+                                   len(req.prompt), 0))
+        return outs
+
+    def stats(self) -> dict[str, int]:
+        n = len(self.reqs)
+        return {"running_requests": n, "waiting_requests": 0, "kv_pages_total": 64,
+                "kv_pages_free": 64 - n, "kv_pages_evictable": 0, "kv_pages_protected": n,
+                "page_size": 16, "cached_tokens_total": 0, "prompt_tokens_total": 0}
+
+    def check_integrity(self) -> None:
+        assert not self.reqs
+
+
+# -- client helpers ------------------------------------------------------------------------------
+
+
+def request(prompt: Any = "Hello world", max_new_tokens: int | None = 8, **kw: Any) -> pb.GenerateRequest:
+    """A GenerateRequest: `prompt` is text, a list of ids, or a list of (role, content)."""
+    req = pb.GenerateRequest(request_id=kw.pop("request_id", ""))
+    if isinstance(prompt, str):
+        req.text = prompt
+    elif prompt and isinstance(prompt[0], tuple):
+        req.chat.messages.extend(pb.ChatMessage(role=r, content=c) for r, c in prompt)
+    else:
+        req.token_ids.ids.extend(prompt)
+    if max_new_tokens is not None:
+        req.stopping.max_new_tokens = max_new_tokens
+    for name, value in kw.items():
+        for part in (req.sampling, req.stopping, req.options):
+            if name in part.DESCRIPTOR.fields_by_name:
+                target = getattr(part, name)
+                if isinstance(value, (list, tuple)):
+                    target.extend(value)
+                else:
+                    setattr(part, name, value)
+                break
+        else:
+            raise KeyError(name)
+    return req
+
+
+@dataclass
+class StreamResult:
+    responses: list[pb.GenerateResponse]
+    code: grpc.StatusCode
+    details: str
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for r in self.responses if r.HasField("delta") for t in r.delta.token_ids]
+
+    @property
+    def text(self) -> str:
+        return "".join(r.delta.text for r in self.responses if r.HasField("delta"))
+
+    @property
+    def finished(self) -> pb.Finished:
+        assert self.responses and self.responses[-1].HasField("finished"), self.responses[-1:]
+        return self.responses[-1].finished
+
+
+def collect(stub: pb_grpc.GenerateServiceStub, req: pb.GenerateRequest, timeout: float = 60) -> StreamResult:
+    out: list[pb.GenerateResponse] = []
+    try:
+        for response in stub.Generate(req, timeout=timeout):
+            out.append(response)  # noqa: PERF402 - keep what came before an error
+    except grpc.RpcError as exc:
+        return StreamResult(out, exc.code(), exc.details() or "")
+    return StreamResult(out, grpc.StatusCode.OK, "")
+
+
+async def acollect(stub: Any, req: pb.GenerateRequest, timeout: float = 60) -> StreamResult:
+    out: list[pb.GenerateResponse] = []
+    try:
+        async for response in stub.Generate(req, timeout=timeout):
+            out.append(response)
+    except grpc.aio.AioRpcError as exc:
+        return StreamResult(out, exc.code(), exc.details() or "")
+    return StreamResult(out, grpc.StatusCode.OK, "")
+
+
+def health_status(target: str, service: str = "") -> int | None:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=2)
+        except grpc.RpcError:
+            return None
+    return reply.status
+
+
+def wait_idle(stub: pb_grpc.GenerateServiceStub, timeout: float = 15.0) -> pb.GetServerInfoResponse:
+    """Wait for the pool invariant: nothing running or queued, every KV page free or evictable,
+    no per-request state in the gateway or the detokenizer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+        idle = (info.running_requests == 0 and info.waiting_requests == 0
+                and info.kv_pages_free + info.kv_pages_evictable == info.kv_pages_total
+                and info.kv_pages_protected == 0 and info.gateway_live_requests == 0
+                and info.detokenizer_live_requests == 0)
+        if idle:
+            return info
+        if time.monotonic() > deadline:
+            raise AssertionError(f"server did not go idle: {info}")
+        time.sleep(0.05)
+
+
+# -- the real stack ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_pids(pid: int) -> list[int]:
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry.name))
+    return kids
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Stack:
+    """`radixserve serve` in a subprocess, on a free port."""
+
+    def __init__(self, *extra: str, log_path: Path | None = None) -> None:
+        self.port = free_port()
+        self.metrics_port: int | None = None
+        self.target = f"127.0.0.1:{self.port}"
+        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        argv = [sys.executable, "-m", "radixserve.services.cli", "serve", "--model", "demo",
+                "--port", str(self.port), "--device", "cpu", *extra]
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=self._log)
+        self.channel = grpc.insecure_channel(self.target)
+        self.stub = pb_grpc.GenerateServiceStub(self.channel)
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while health_status(self.target) != health_pb2.HealthCheckResponse.SERVING:
+            assert self.proc.poll() is None, f"serve exited with {self.proc.returncode}"
+            assert time.monotonic() < deadline, "stack did not become ready"
+            time.sleep(0.2)
+
+    def child(self, name: str) -> int:
+        for pid in child_pids(self.proc.pid):
+            if f"radixserve.services.cli {name} " in cmdline(pid):
+                return pid
+        raise LookupError(name)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        children = child_pids(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        finally:
+            self.channel.close()
+            if self._log is not subprocess.DEVNULL:
+                self._log.close()
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        leftovers = [pid for pid in children if alive(pid)]
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+        assert not leftovers, f"orphaned children: {leftovers}"
+        return code
+
+
+# -- in-process stack (all four servers in one event loop, port 0, fake or real engine) ----------
+
+
+@dataclass
+class InProcess:
+    servers: list[Any]
+    gateway: Any
+    scheduler_app: Any
+    detokenizer: Any
+    engine: Any
+    target: str
+
+    async def close(self) -> None:
+        for server in self.servers:
+            await server.stop(0)
+        self.scheduler_app.loop.stop(5)
+
+
+async def start_in_process(engine: Any, model_path: str, **frontend: Any) -> InProcess:
+    import asyncio
+
+    from radixserve.services.detokenizer import server as detok_server
+    from radixserve.services.gateway import server as gw_server
+    from radixserve.services.gateway.frontend import FrontendConfig
+    from radixserve.services.scheduler import server as sched_server
+    from radixserve.services.scheduler.loop import LoopConfig
+    from radixserve.services.tokenizer import server as tok_server
+    from radixserve.services.tokenizer.core import TokenizerCore
+    from transformers import AutoTokenizer
+
+    tok = await tok_server.create_server("127.0.0.1:0", TokenizerCore.from_pretrained(model_path))
+    factory = detok_server.hf_factory(AutoTokenizer.from_pretrained(model_path))
+    det = await detok_server.create_server("127.0.0.1:0", factory)
+    app = sched_server.SchedulerApp(lambda: engine, f"127.0.0.1:{det.port}",
+                                    LoopConfig(warmup=False, idle_poll_s=0.05))
+    sch = await sched_server.create_server("127.0.0.1:0", app)
+    backends = gw_server.BackendAddresses(
+        f"127.0.0.1:{tok.port}", f"127.0.0.1:{sch.port}", f"127.0.0.1:{det.port}")
+    gw = await gw_server.create_server(
+        "127.0.0.1:0", backends, FrontendConfig(**{"drain_timeout_s": 2.0, **frontend}))
+    servers = [gw.server, sch.server, det.server, tok.server]
+    for server in servers:
+        await server.start()
+    for _ in range(200):
+        if gw.gateway.links.ready:
+            break
+        await asyncio.sleep(0.05)
+    assert gw.gateway.links.ready, "in-process stack did not become ready"
+    return InProcess(servers, gw.gateway, app, det.servicer, engine, f"127.0.0.1:{gw.port}")

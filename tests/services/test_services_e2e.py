@@ -1,0 +1,170 @@
+"""End to end through the real four-process stack (`radixserve serve --model demo`)."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from radixserve.v1 import generate_pb2 as pb
+from svc_helpers import Stack, collect, health_status, request, wait_idle
+
+PROMPTS = ["Hello world", "The quick brown fox", "Once upon a time, in a land"]
+
+
+@pytest.fixture(scope="module")
+def offline(demo_path: str):
+    from radixserve.engine import LLM
+
+    return LLM(demo_path, device="cpu", dtype="float32")
+
+
+def test_greedy_stream_equals_offline_engine(stack: Stack, offline) -> None:
+    from radixserve.engine import SamplingParams
+
+    expected = offline.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=12))
+    offline.core.check_integrity()
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = list(pool.map(
+            lambda p: collect(stack.stub, request(p, max_new_tokens=12, temperature=0.0)), PROMPTS))
+    for want, got in zip(expected, results):
+        assert got.code == grpc.StatusCode.OK, got.details
+        assert got.token_ids == want.token_ids
+        assert got.text == want.text
+        assert got.finished.usage.completion_tokens == len(want.token_ids)
+
+
+def test_temperature_zero_is_top_k_one_and_unset_is_sampling(stack: Stack) -> None:
+    ids = list(range(10, 40))
+    greedy = collect(stack.stub, request(ids, max_new_tokens=10, temperature=0.0, ignore_eos=True))
+    top1 = collect(stack.stub, request(ids, max_new_tokens=10, top_k=1, ignore_eos=True))
+    assert greedy.token_ids == top1.token_ids and len(greedy.token_ids) == 10
+    # Unset temperature is the documented default 1.0: seeded sampling, not greedy.
+    sampled = [collect(stack.stub, request(ids, max_new_tokens=10, seed=s, ignore_eos=True)).token_ids
+               for s in (1, 2, 3)]
+    assert any(s != greedy.token_ids for s in sampled)
+    again = collect(stack.stub, request(ids, max_new_tokens=10, seed=2, ignore_eos=True))
+    assert again.token_ids == sampled[1]
+
+
+def test_64_concurrent_streams_complete(stack: Stack) -> None:
+    def one(i: int):
+        return collect(stack.stub, request([3 + i, 50 + i, 7], max_new_tokens=6, ignore_eos=True,
+                                           temperature=0.0, request_id=f"c{i}"))
+
+    with ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, range(64)))
+    for i, res in enumerate(results):
+        assert res.code == grpc.StatusCode.OK, res.details
+        assert len(res.token_ids) == 6
+        assert res.finished.finish_reason == pb.FINISH_REASON_LENGTH
+        assert {r.request_id for r in res.responses} == {f"c{i}"}
+
+
+def test_cancel_half_mid_stream_returns_pool_to_free(stack: Stack) -> None:
+    done: list[int] = []
+    cancelled: list[int] = []
+
+    def one(i: int) -> None:
+        call = stack.stub.Generate(request([9, i + 1, 4], max_new_tokens=200, ignore_eos=True,
+                                           temperature=0.0 if i % 2 else 0.7))
+        tokens = 0
+        try:
+            for response in call:
+                tokens += len(response.delta.token_ids)
+                if i % 2 == 0 and tokens >= 2:
+                    call.cancel()
+                if i % 2 and tokens >= 10:
+                    call.cancel()  # the other half: cancel later, all runs abort mid-decode
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.CANCELLED
+            cancelled.append(i)
+            return
+        done.append(i)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(cancelled) == 16 and not done
+    info = wait_idle(stack.stub)  # running 0, free + evictable == total, no per-request state
+    assert info.kv_pages_free + info.kv_pages_evictable == info.kv_pages_total
+
+
+def test_stop_string_and_stop_token(stack: Stack) -> None:
+    base = collect(stack.stub, request("Hello world", max_new_tokens=16, temperature=0.0,
+                                       ignore_eos=True))
+    stop = base.text[6:9]
+    assert stop.strip(), base.text
+    res = collect(stack.stub, request("Hello world", max_new_tokens=16, temperature=0.0,
+                                      ignore_eos=True, stop=[stop]))
+    assert res.finished.finish_reason == pb.FINISH_REASON_STOP_STRING
+    assert res.finished.stop_string == stop
+    assert res.text == base.text[: base.text.index(stop)]
+    token = base.token_ids[3]
+    res = collect(stack.stub, request("Hello world", max_new_tokens=16, temperature=0.0,
+                                      ignore_eos=True, stop_token_ids=[token]))
+    assert res.finished.finish_reason == pb.FINISH_REASON_STOP_TOKEN
+    assert res.finished.stop_token_id == token
+    assert res.token_ids == base.token_ids[: base.token_ids.index(token) + 1]
+
+
+def test_chat_logprobs_and_prompt_echo(stack: Stack) -> None:
+    res = collect(stack.stub, request([("user", "hi there")], max_new_tokens=3, temperature=0.0,
+                                      top_logprobs=3, logprobs=True, return_prompt_info=True))
+    assert res.code == grpc.StatusCode.OK, res.details
+    started = res.responses[0].started
+    tokenized = stack.stub.Tokenize(pb.TokenizeRequest(chat=pb.ChatMessages(
+        messages=[pb.ChatMessage(role="user", content="hi there")])))
+    assert list(started.prompt_token_ids) == list(tokenized.token_ids)
+    deltas = [r.delta for r in res.responses if r.HasField("delta")]
+    for d in deltas:
+        assert len(d.logprobs) == len(d.token_ids)
+        assert len(d.logprobs[0].top) == 3
+        assert d.logprobs[0].top[0].token_id == d.token_ids[0]  # greedy picks the top-1
+
+
+def test_tokenize_detokenize_model_info(stack: Stack) -> None:
+    info = stack.stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert info.vocab_size == 1024 and info.max_context == 4096 and info.has_chat_template
+    ids = stack.stub.Tokenize(pb.TokenizeRequest(text="Hello world")).token_ids
+    assert ids
+    text = stack.stub.Detokenize(pb.DetokenizeRequest(token_ids=ids)).text
+    assert text == "Hello world"
+
+
+def test_deadline_in_decode_stops_engine_work(stack: Stack) -> None:
+    res = collect(stack.stub, request([5, 6], max_new_tokens=2000, ignore_eos=True), timeout=1.0)
+    assert res.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_idle(stack.stub, timeout=5)  # aborted, not run to 2000 tokens
+
+
+def test_health_reflection_and_metrics(stack: Stack) -> None:
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert health_status(stack.target) == serving
+    assert health_status(stack.target, "radixserve.v1.GenerateService") == serving
+    refl = reflection_pb2_grpc.ServerReflectionStub(stack.channel)
+    reply = next(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+        list_services="")])))
+    names = {s.name for s in reply.list_services_response.service}
+    assert {"radixserve.v1.GenerateService", "grpc.health.v1.Health"} <= names
+    collect(stack.stub, request("metrics", max_new_tokens=2))
+    text = urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics").read().decode()
+    assert 'radixserve_requests_total{code="OK",method="Generate"}' in text
+    assert "radixserve_time_to_first_token_seconds_bucket" in text
+    assert "radixserve_e2e_request_latency_seconds_count" in text
+    sched = urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port + 1}/metrics").read()
+    assert b"radixserve_kv_page_usage" in sched and b"radixserve_prefix_cache_hit_rate" in sched
+
+
+def test_prefix_cache_hits_are_reported(stack: Stack) -> None:
+    prompt = list(range(100, 180))
+    first = collect(stack.stub, request(prompt, max_new_tokens=2, temperature=0.0))
+    second = collect(stack.stub, request(prompt, max_new_tokens=2, temperature=0.0))
+    assert second.finished.usage.cached_tokens >= 64 > first.finished.usage.cached_tokens
+    assert stack.stub.GetServerInfo(pb.GetServerInfoRequest()).prefix_cache_hit_rate > 0

@@ -1,0 +1,194 @@
+"""In-process gRPC tests (port 0): all four servers in one event loop over a fake engine, so
+request lifecycles are checked quickly and precisely (which ids the engine saw aborted, when)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from radixserve.v1 import generate_pb2 as pb
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
+from svc_helpers import FakeEngine, InProcess, acollect, request, start_in_process
+
+
+def run(demo_path: str, body: Callable[[InProcess, Any], Awaitable[None]], **engine: Any) -> None:
+    async def main() -> None:
+        stack = await start_in_process(FakeEngine(**engine), demo_path)
+        try:
+            async with grpc.aio.insecure_channel(stack.target) as channel:
+                await body(stack, pb_grpc.GenerateServiceStub(channel))
+        finally:
+            await stack.close()
+
+    asyncio.run(main())
+
+
+async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def idle(stack: InProcess) -> bool:
+    return (not stack.engine.reqs and stack.gateway.frontend.live_requests == 0
+            and stack.detokenizer.live_requests == 0 and stack.scheduler_app.loop.live_requests == 0)
+
+
+def test_stream_ids_usage_and_request_id(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        res = await acollect(stub, request([5, 6, 7], max_new_tokens=4, request_id="mine"))
+        assert res.code == grpc.StatusCode.OK
+        assert res.token_ids == [8, 9, 10, 11]
+        assert {r.request_id for r in res.responses} == {"mine"}
+        assert res.responses[0].started.prompt_tokens == 3
+        assert res.finished.finish_reason == pb.FINISH_REASON_LENGTH
+        assert res.finished.usage.completion_tokens == 4
+        # The internal id is not the client's: ids are fresh per call, so "mine" is free again.
+        assert "mine" not in stack.engine.added
+        again = await acollect(stub, request([5], max_new_tokens=1, request_id="mine"))
+        assert again.code == grpc.StatusCode.OK
+        await until(lambda: idle(stack))
+
+    run(demo_path, body)
+
+
+def test_client_cancel_aborts_in_engine_and_frees_every_map(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        call = stub.Generate(request([5], max_new_tokens=200, request_id="c"))
+        async for response in call:
+            if response.HasField("delta"):
+                break
+        call.cancel()
+        await until(lambda: len(stack.engine.aborted) == 1)
+        await until(lambda: idle(stack))
+        # The id is reusable at once.
+        res = await acollect(stub, request([5], max_new_tokens=2, request_id="c"))
+        assert res.code == grpc.StatusCode.OK and len(res.token_ids) == 2
+
+    run(demo_path, body, step_delay_s=0.01)
+
+
+def test_deadline_aborts_in_engine(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        res = await acollect(stub, request([5], max_new_tokens=10_000 // 100), timeout=0.3)
+        assert res.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        await until(lambda: len(stack.engine.aborted) == 1)
+        await until(lambda: idle(stack))
+
+    run(demo_path, body, step_delay_s=0.02)
+
+
+def test_stop_string_finishes_and_aborts_in_engine(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        full = await acollect(stub, request([300], max_new_tokens=12))
+        stop = full.text[len(full.text) // 2:][:3]
+        res = await acollect(stub, request([300], max_new_tokens=12, stop=[stop]))
+        assert res.finished.finish_reason == pb.FINISH_REASON_STOP_STRING
+        assert res.finished.stop_string == stop
+        assert res.text == full.text[: full.text.index(stop)]
+        await until(lambda: idle(stack))
+        assert stack.engine.aborted, "the engine must stop generating after a stop string"
+
+    run(demo_path, body, step_delay_s=0.01)
+
+
+def test_public_abort_ends_stream_with_aborted(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        call = stub.Generate(request([5], max_new_tokens=500, request_id="victim"))
+        seen: list[pb.GenerateResponse] = []
+        async for response in call:
+            seen.append(response)
+            if response.HasField("delta") and len(seen) == 3:
+                reply = await stub.Abort(pb.AbortRequest(request_ids=["victim", "unknown"]))
+                assert reply.aborted == 1
+        assert seen[-1].finished.finish_reason == pb.FINISH_REASON_ABORTED
+        again = await stub.Abort(pb.AbortRequest(request_ids=["victim"]))  # idempotent
+        assert again.aborted == 0
+        await until(lambda: idle(stack))
+
+    run(demo_path, body, step_delay_s=0.01)
+
+
+def test_engine_rejection_is_invalid_argument_before_started(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        res = await acollect(stub, request([5, 99], max_new_tokens=4))
+        assert res.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "KV pages" in res.details and res.responses == []
+        ok = await acollect(stub, request([5], max_new_tokens=2))
+        assert ok.code == grpc.StatusCode.OK
+        await until(lambda: idle(stack))
+
+    run(demo_path, body, reject_token=99)
+
+
+def test_batched_submission_one_message_per_step(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        results = await asyncio.gather(
+            *(acollect(stub, request([i + 10], max_new_tokens=5)) for i in range(32)))
+        for i, res in enumerate(results):
+            assert res.code == grpc.StatusCode.OK
+            assert res.token_ids == [i + 11 + k for k in range(5)]
+        await until(lambda: idle(stack))
+
+    run(demo_path, body, step_delay_s=0.005)
+
+
+def test_scheduler_loss_fails_streams_unavailable(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        calls = [asyncio.create_task(acollect(stub, request([5], max_new_tokens=1000)))
+                 for _ in range(4)]
+        await until(lambda: len(stack.engine.reqs) == 4)
+        t0 = time.monotonic()
+        await stack.servers[1].stop(0)  # the scheduler's gRPC server
+        results = await asyncio.gather(*calls)
+        assert time.monotonic() - t0 < 5
+        assert {r.code for r in results} == {grpc.StatusCode.UNAVAILABLE}
+        health = health_pb2_grpc.HealthStub(grpc.aio.insecure_channel(stack.target))
+        reply = await health.Check(health_pb2.HealthCheckRequest())
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        res = await acollect(stub, request([5], max_new_tokens=1))
+        assert res.code == grpc.StatusCode.UNAVAILABLE
+
+    run(demo_path, body, step_delay_s=0.01)
+
+
+def test_drain_refuses_new_calls_and_finishes_in_flight(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        running = asyncio.create_task(acollect(stub, request([5], max_new_tokens=30)))
+        await until(lambda: len(stack.engine.reqs) == 1)
+        drain = asyncio.create_task(stack.gateway.drain())
+        await until(lambda: stack.gateway.frontend.draining)
+        refused = await acollect(stub, request([5], max_new_tokens=1))
+        assert refused.code == grpc.StatusCode.UNAVAILABLE
+        done = await running
+        assert done.code == grpc.StatusCode.OK and len(done.token_ids) == 30
+        await drain
+
+    run(demo_path, body, step_delay_s=0.01)
+
+
+@pytest.mark.parametrize("in_flight", [1])
+def test_in_flight_cap_is_resource_exhausted(demo_path: str, in_flight: int) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        first = asyncio.create_task(acollect(stub, request([5], max_new_tokens=20)))
+        await until(lambda: len(stack.engine.reqs) == 1)
+        second = await acollect(stub, request([5], max_new_tokens=1))
+        assert second.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert (await first).code == grpc.StatusCode.OK
+
+    async def main() -> None:
+        stack = await start_in_process(FakeEngine(step_delay_s=0.01), demo_path,
+                                       max_in_flight=in_flight)
+        try:
+            async with grpc.aio.insecure_channel(stack.target) as channel:
+                await body(stack, pb_grpc.GenerateServiceStub(channel))
+        finally:
+            await stack.close()
+
+    asyncio.run(main())
