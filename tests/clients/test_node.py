@@ -17,12 +17,19 @@ NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def node_modules() -> None:
+def ensure_node_modules() -> None:
+    """A fresh clone has no node_modules: install the locked versions."""
     if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").exists():
         npm = shutil.which("npm")
         assert npm, "node is installed but npm is not"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=300)
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=300
+        )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def node_modules() -> None:
+    ensure_node_modules()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -174,3 +174,20 @@ def test_model_without_chat_template_gets_a_transcript(tmp_path: Path) -> None:
         res = run_c(tmp_path, "--target", target, "--system", "sys", "-c", "plain")
     assert res.returncode == 0 and res.stdout == "echo: plain\n"
     assert fake.seen[0].request.text == "system: sys\nuser: plain\nassistant:"
+
+
+def test_piped_input_without_a_terminal(
+    fake: FakeGenerateService, target: str, tmp_path: Path
+) -> None:
+    res = subprocess.run(
+        [*SHELL, "--target", target],
+        input="first\n/max_tokens 2\nsecond\n",
+        env=shell_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "echo: first\n" in res.stdout and "ec\n[length: 2 tokens" in res.stdout
+    assert len(chat(fake, 2)) == 3

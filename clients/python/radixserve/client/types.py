@@ -6,7 +6,7 @@ lives in one place, `wire.py`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, TypedDict
 
@@ -139,8 +139,8 @@ class GenerateOptions(TypedDict, total=False):
     presence_penalty: float | None
     max_new_tokens: int | None
     min_new_tokens: int | None
-    stop: str | list[str] | None
-    stop_token_ids: list[int] | None
+    stop: str | Sequence[str] | None
+    stop_token_ids: Sequence[int] | None
     ignore_eos: bool
     include_stop_str: bool
     top_logprobs: int
