@@ -27,6 +27,7 @@ class EngineConfig:
     schedule_policy: SchedulePolicy = "fcfs"
     tp_size: int = 1
     tp_rank: int = 0
+    tp_timeout_s: float = 300.0  # a TP collective slower than this means a rank died or hung
     seed: int = 0
     memory_fraction: float = 0.85  # share of free GPU memory the KV pool may take
     cpu_kv_tokens: int = 65536  # KV capacity in tokens when num_pages is None on CPU
@@ -50,5 +51,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank {self.tp_rank} out of range for tp_size {self.tp_size}")
+        if not self.tp_timeout_s > 0:
+            raise ValueError(f"tp_timeout_s must be > 0, got {self.tp_timeout_s}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError("memory_fraction must be in (0, 1]")

@@ -16,6 +16,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.distributed.launch import TPLeader, building
 from radixserve.engine.engine import Engine, ForwardOutput
 from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
@@ -83,7 +84,10 @@ class EngineCore:
         dtype = resolve_dtype(config.dtype, self.args.dtype, device)
         self.config = config
         eos = read_eos_ids(folder)
-        self.engine = Engine(config, self.args, device, dtype, eos)
+        # With tp_size > 1 this process is rank 0: it spawns the others and broadcasts every step.
+        self.tp = TPLeader(config, self.args, device) if config.tp_size > 1 else None
+        with building(self.tp):
+            self.engine = Engine(config, self.args, self.tp.device if self.tp else device, dtype, eos)
         self.model_info = ModelInfo(folder.name, self.args.architecture, self.args.vocab_size,
                                     self.engine.max_context, eos, str(dtype).removeprefix("torch."))
         self.allocator = PageAllocator(self.engine.num_pages)
@@ -134,6 +138,8 @@ class EngineCore:
     # -- the loop -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         batch = self.scheduler.schedule()
+        if batch is not None and self.tp is not None:
+            self.tp.send_plan(batch, self.engine.table)
         launched = (batch, self.engine.forward(batch)) if batch is not None else None
         if not self.config.overlap:
             return self._process(*launched) if launched else []
@@ -183,6 +189,11 @@ class EngineCore:
             n = req.params.top_logprobs
             top = list(zip(s.top_ids[j, :n].tolist(), s.top_logprobs[j, :n].tolist()))
         return [TokenLogprobs(float(s.logprobs[j]), top)]
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do on one rank); the core is unusable after."""
+        if self.tp is not None:
+            self.tp.close()
 
     # -- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

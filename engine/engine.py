@@ -13,6 +13,7 @@ import torch
 from radixserve.engine.attention import StepLayout, create_backend
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.context import ForwardContext, forward_context
+from radixserve.engine.distributed import get_comm
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.kvcache.table import TableManager
 from radixserve.engine.models.config import ModelArgs
@@ -42,7 +43,9 @@ class Engine:
         self.eos_ids = eos_ids
         self.model = load_model(config.model_path, dtype, device)
         attn = self.model.model.layers[0].self_attn
-        self.num_pages = config.num_pages or self._auto_num_pages(attn.num_kv_heads)
+        # TP ranks must agree on the pool size (free memory differs per GPU): take the smallest.
+        self.num_pages = config.num_pages or get_comm().min_over_ranks(
+            self._auto_num_pages(attn.num_kv_heads))
         self.kv_pool = KVCachePool(args.num_layers, self.num_pages, config.page_size, attn.num_kv_heads,
                                    args.head_dim, dtype, device)
         self.max_context = config.max_context or args.max_position_embeddings

@@ -91,3 +91,13 @@ class LLM:
 
     def stats(self) -> dict[str, int]:
         return self.core.stats()
+
+    def close(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); a no-op on one rank."""
+        self.core.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

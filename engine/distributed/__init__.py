@@ -1,5 +1,13 @@
-"""Tensor-parallel communication: layers call only `get_comm().all_reduce / all_gather`."""
+"""Tensor-parallel communication: layers call only `all_reduce / all_gather` on the communicator
+they captured at construction (`get_comm()`)."""
 
-from radixserve.engine.distributed.comm import Communicator, SingleRankComm, get_comm, set_comm
+from radixserve.engine.distributed.comm import (
+    Communicator,
+    SingleRankComm,
+    TPGroupError,
+    comm_scope,
+    get_comm,
+    set_comm,
+)
 
-__all__ = ["Communicator", "SingleRankComm", "get_comm", "set_comm"]
+__all__ = ["Communicator", "SingleRankComm", "TPGroupError", "comm_scope", "get_comm", "set_comm"]

@@ -1,14 +1,28 @@
-"""A pluggable communicator for the two collectives the layers use."""
+"""A pluggable communicator for the two collectives the layers use.
+
+Layers capture the communicator when they are built (`get_comm()` inside `__init__`), so the global
+only has to be right while a model is constructed; `comm_scope` sets it for that span.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
 
+class TPGroupError(RuntimeError):
+    """A tensor-parallel peer died, hung past the timeout, or left the group."""
+
+
 class Communicator(ABC):
-    """The TP group as seen by the layers. Implementations: single rank, torch.distributed."""
+    """The TP group as seen by the layers. Implementations: single rank, torch.distributed.
+
+    Every rank must end a collective with bitwise-identical results: followers sample from their
+    own logits and must pick the same tokens as rank 0, or their token pools drift apart.
+    """
 
     rank: int
     world_size: int
@@ -20,6 +34,10 @@ class Communicator(ABC):
     @abstractmethod
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's `x` along `dim`, in rank order."""
+
+    def min_over_ranks(self, value: int) -> int:
+        """The smallest `value` over ranks: set-up agreement (e.g. KV pages that fit everywhere)."""
+        return value
 
 
 class SingleRankComm(Communicator):
@@ -43,3 +61,14 @@ def get_comm() -> Communicator:
 def set_comm(comm: Communicator) -> None:
     global _comm
     _comm = comm
+
+
+@contextmanager
+def comm_scope(comm: Communicator) -> Iterator[Communicator]:
+    """Make `comm` the one layers see while a model is built; restore the previous one after."""
+    previous = get_comm()
+    set_comm(comm)
+    try:
+        yield comm
+    finally:
+        set_comm(previous)

@@ -7,7 +7,18 @@ inputs there without waiting for the host.
 
 from __future__ import annotations
 
+from typing import Iterable, Literal, NamedTuple
+
 import torch
+
+
+class RowWrite(NamedTuple):
+    """A queued write of positions [start, start + len(values)) of one slot's row."""
+
+    target: Literal["page_table", "token_pool"]
+    slot: int
+    start: int
+    values: torch.Tensor  # (n,) int64, host
 
 
 class TableManager:
@@ -46,6 +57,19 @@ class TableManager:
         P = self.page_size
         locs = (torch.tensor(pages, dtype=torch.int64)[:, None] * P + torch.arange(P)).flatten()
         self.set_locations(slot, first_page * P, locs)
+
+    def pending_writes(self) -> list[RowWrite]:
+        """Writes queued since the last flush, in order: what tensor-parallel followers replay."""
+        return [RowWrite("page_table" if t is self.page_table else "token_pool", int(r[0]), int(c[0]), v)
+                for t, r, c, v in self._pending if len(v)]
+
+    def replay(self, writes: Iterable[RowWrite]) -> None:
+        """Queue another table's `pending_writes` here (host mirror included)."""
+        for w in writes:
+            if w.target == "page_table":
+                self.set_locations(w.slot, w.start, w.values)
+            else:
+                self._queue(self.token_pool, w.slot, w.start, w.values)
 
     def _queue(self, target: torch.Tensor, slot: int, start: int, values: torch.Tensor) -> None:
         cols = torch.arange(start, start + len(values))

@@ -1,4 +1,7 @@
-"""Vocabulary-parallel embedding and LM head (vocab padded to a multiple of the TP size)."""
+"""Vocabulary-parallel embedding and LM head (vocab padded to a multiple of the TP size).
+
+    vocab ids:  [ rank 0: 0 .. shard ) [ rank 1: shard .. 2*shard ) ... [ last: .. V | zero pad ]
+"""
 
 from __future__ import annotations
 
@@ -7,22 +10,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.engine.distributed import get_comm
+from radixserve.engine.layers.linear import WeightSource, copy_checked
 
 
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden: int) -> None:
         super().__init__()
-        comm = get_comm()
-        self.tp_rank, self.tp_size = comm.rank, comm.world_size
+        self.comm = get_comm()
+        self.tp_rank, self.tp_size = self.comm.rank, self.comm.world_size
         self.vocab_size = vocab_size
         self.shard = -(-vocab_size // self.tp_size)  # ceil: the last shard is padded
         self.start = self.tp_rank * self.shard
         self.weight = nn.Parameter(torch.zeros(self.shard, hidden), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        rows = loaded[self.start : self.start + self.shard]
-        param.data[: rows.size(0)].copy_(rows)
+    def weight_loader(self, param: nn.Parameter, loaded: WeightSource) -> None:
+        n = max(0, min(self.shard, self.vocab_size - self.start))  # real (unpadded) rows here
+        if n:
+            copy_checked(param.data[:n], loaded[self.start : self.start + n])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -30,7 +35,7 @@ class VocabParallelEmbedding(nn.Module):
         local = ids - self.start
         mask = (local >= 0) & (local < self.shard)
         y = F.embedding(local.clamp(0, self.shard - 1), self.weight) * mask.unsqueeze(-1)
-        return get_comm().all_reduce(y)
+        return self.comm.all_reduce(y)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
@@ -38,5 +43,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         """hidden: (B, H) -> logits (B, vocab_size), gathered over ranks."""
         logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
-            logits = get_comm().all_gather(logits, dim=-1)
+            logits = self.comm.all_gather(logits, dim=-1)
         return logits[:, : self.vocab_size]

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from radixserve.engine.layers.linear import WeightSource, copy_checked
 from radixserve.engine.models.base import CausalLM
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.models.registry import model_class
@@ -40,10 +41,10 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> Ca
                 if target not in params:
                     raise KeyError(f"checkpoint tensor {name!r} has no place in {args.architecture}")
                 param = params[target]
-                # Each layer slices its own TP shard; get_slice keeps reads cheap for big tensors.
-                tensor = f.get_tensor(name).to(device)
+                # A lazy slice: each layer indexes its own TP shard, so only that part is read.
+                source = f.get_slice(name)
                 loader = getattr(param, "weight_loader", _copy_whole)
-                loader(param, tensor) if shard is None else loader(param, tensor, shard)
+                loader(param, source) if shard is None else loader(param, source, shard)
                 loaded.add(target if shard is None else f"{target}:{shard}")
     if args.tie_word_embeddings:
         loaded.add("lm_head.weight")
@@ -53,10 +54,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> Ca
     return model.to(dtype=dtype).eval()
 
 
-def _copy_whole(param: torch.nn.Parameter, loaded: torch.Tensor) -> None:
-    if param.shape != loaded.shape:
-        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
-    param.data.copy_(loaded)
+def _copy_whole(param: torch.nn.Parameter, loaded: WeightSource) -> None:
+    copy_checked(param.data, loaded[:])
 
 
 def _resolve(model: CausalLM, name: str) -> tuple[str, str | int | None]:

@@ -1,0 +1,167 @@
+"""Rank 0's side of a tensor-parallel engine: spawn the follower ranks, join the groups, and
+broadcast each step's plan. Followers run `radixserve.engine.distributed.worker`.
+
+Start-up: rank 0 opens a TCP store on a free localhost port (port 0, so no race for it), spawns
+ranks 1..N-1 with the store's port and their config as JSON, waits until each has reached the
+store (noticing one that died first), then all ranks join the process groups and build their
+engine shards; a barrier at the end proves every rank is ready. Each worker's stdin is a pipe from
+rank 0: when rank 0 exits, however it exits, the pipe closes and the worker leaves.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import subprocess
+import sys
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.distributed.comm import SingleRankComm, TPGroupError, comm_scope
+from radixserve.engine.distributed.plan import PlanEncoder
+from radixserve.engine.distributed.torch_comm import (
+    CollectiveGuard,
+    ControlChannel,
+    TorchDistComm,
+    init_process_groups,
+)
+from radixserve.engine.kvcache.table import TableManager
+from radixserve.engine.models.config import ModelArgs
+from radixserve.engine.scheduler.batch import Batch
+
+log = logging.getLogger(__name__)
+STORE_HOST = "127.0.0.1"
+EXIT_GRACE_S = 10.0  # how long close() lets workers leave before killing them
+
+
+def check_tp_shapes(args: ModelArgs, tp_size: int) -> None:
+    """Reject a model whose sharded dimensions do not split evenly over `tp_size` ranks."""
+    problems = []
+    if args.num_heads % tp_size:
+        problems.append(f"num_attention_heads ({args.num_heads}) is not divisible by it")
+    kv = args.num_kv_heads
+    if kv % tp_size and tp_size % kv:
+        problems.append(f"num_key_value_heads ({kv}) is neither a multiple nor a divisor of it")
+    if args.intermediate_size % tp_size:
+        problems.append(f"intermediate_size ({args.intermediate_size}) is not divisible by it")
+    if problems:
+        raise ValueError(f"{args.architecture} cannot be split over tp_size={tp_size}: " + "; ".join(problems))
+
+
+def rank_device(device: torch.device, rank: int, tp_size: int) -> torch.device:
+    """Rank r of a GPU group uses cuda:r; CPU ranks share the host."""
+    if device.type != "cuda":
+        return device
+    if torch.cuda.device_count() < tp_size:
+        raise ValueError(f"tp_size={tp_size} needs {tp_size} GPUs; {torch.cuda.device_count()} visible")
+    torch.cuda.set_device(rank)
+    return torch.device("cuda", rank)
+
+
+def _stop_workers(workers: list[subprocess.Popen], grace_s: float) -> None:
+    for p in workers:
+        if p.stdin is not None and not p.stdin.closed:
+            p.stdin.close()  # the worker's watchdog sees EOF and exits
+    deadline = time.monotonic() + grace_s
+    for p in workers:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+class TPLeader:
+    """Rank 0 of a TP group: owns the worker processes, the communicator and the plan channel."""
+
+    def __init__(self, config: EngineConfig, args: ModelArgs, device: torch.device) -> None:
+        if config.tp_rank != 0:
+            raise ValueError("EngineCore runs TP rank 0; ranks 1..N-1 are spawned by it")
+        check_tp_shapes(args, config.tp_size)
+        self.tp_size, self.timeout_s = config.tp_size, config.tp_timeout_s
+        self.device = rank_device(device, 0, self.tp_size)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        self.store = dist.TCPStore(STORE_HOST, 0, self.tp_size, is_master=True, timeout=timeout,
+                                   wait_for_workers=False)
+        self.workers = [self._spawn(config, r) for r in range(1, self.tp_size)]
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, 0.0)
+        try:
+            self._wait_for_workers()
+            groups = init_process_groups(0, self.tp_size, self.store, self.device, self.timeout_s)
+        except BaseException:
+            self._finalizer()
+            raise
+        guard = CollectiveGuard(0, self.describe_workers)
+        self.comm = TorchDistComm(groups.tp, 0, self.tp_size, self.device, guard)
+        self.channel = ControlChannel(groups.control, guard)
+        self.encoder = PlanEncoder()
+        self.closed = False
+
+    def _spawn(self, config: EngineConfig, rank: int) -> subprocess.Popen:
+        cfg = json.dumps(asdict(replace(config, tp_rank=rank)))
+        cmd = [sys.executable, "-m", "radixserve.engine.distributed.worker", "--rank", str(rank),
+               "--store", f"{STORE_HOST}:{self.store.port}", "--config", cfg]
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE)
+
+    def _wait_for_workers(self) -> None:
+        keys = [f"joined/{r}" for r in range(1, self.tp_size)]
+        deadline = time.monotonic() + self.timeout_s
+        while not self.store.check(keys):
+            dead = [(r, p.returncode) for r, p in enumerate(self.workers, 1) if p.poll() is not None]
+            if dead:
+                raise TPGroupError(f"TP worker(s) exited during start-up (rank, exit code): {dead}")
+            if time.monotonic() > deadline:
+                raise TPGroupError(f"TP workers did not start within {self.timeout_s:.0f} s")
+            time.sleep(0.05)
+
+    def describe_workers(self) -> str:
+        """Which workers have exited, waiting briefly for a dying one to be reaped."""
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and all(p.poll() is None for p in self.workers):
+            time.sleep(0.05)
+        dead = [f"worker rank {r} exited with code {p.returncode}"
+                for r, p in enumerate(self.workers, 1) if p.poll() is not None]
+        return "; ".join(dead) or f"no worker exited, one may be stuck (timeout {self.timeout_s:.0f} s)"
+
+    def send_plan(self, batch: Batch, table: TableManager) -> None:
+        """Broadcast the step about to run; call between scheduling and `Engine.forward`."""
+        self.channel.send(self.encoder.encode(batch, table))
+
+    def close(self) -> None:
+        """Tell the workers to leave, wait for them (killing stragglers), and leave the groups."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.comm.guard.failure is None:
+            try:
+                self.channel.send(self.encoder.encode_shutdown())
+            except TPGroupError as e:
+                log.warning("could not send the shutdown plan: %s", e)
+        self._finalizer.detach()
+        _stop_workers(self.workers, EXIT_GRACE_S)
+        dist.destroy_process_group()
+
+
+@contextmanager
+def building(leader: TPLeader | None) -> Iterator[None]:
+    """Build rank 0's engine with the group's communicator; then wait until every rank is ready.
+    If anything fails, the workers are taken down before the error propagates."""
+    if leader is None:
+        with comm_scope(SingleRankComm()):
+            yield
+        return
+    try:
+        with comm_scope(leader.comm):
+            yield
+        leader.comm.min_over_ranks(0)  # a barrier: every rank has built its shard
+    except BaseException:
+        leader.close()
+        raise

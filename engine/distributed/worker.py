@@ -1,0 +1,81 @@
+"""A follower rank of a tensor-parallel engine: `python -m radixserve.engine.distributed.worker`.
+
+Spawned by rank 0 (`launch.TPLeader`). It builds its engine shard, then replays rank 0's step
+plans until a shutdown plan arrives, the group fails, or its stdin (a pipe from rank 0) closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.core import read_eos_ids, resolve_device, resolve_dtype
+from radixserve.engine.distributed.comm import TPGroupError, set_comm
+from radixserve.engine.distributed.launch import rank_device
+from radixserve.engine.distributed.plan import PlanDecoder
+from radixserve.engine.distributed.torch_comm import (
+    CollectiveGuard,
+    ControlChannel,
+    TorchDistComm,
+    init_process_groups,
+)
+from radixserve.engine.engine import Engine
+from radixserve.engine.models.config import ModelArgs
+
+
+def _exit_with_rank0() -> None:
+    sys.stdin.buffer.read()  # returns at EOF: rank 0 closed the pipe or exited
+    os._exit(0)
+
+
+def run(config: EngineConfig, store_host: str, store_port: int) -> None:
+    rank, tp = config.tp_rank, config.tp_size
+    folder = Path(config.model_path)
+    args = ModelArgs.from_folder(folder)
+    device = rank_device(resolve_device(config.device), rank, tp)
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))  # ranks share the host's cores
+    timeout = datetime.timedelta(seconds=config.tp_timeout_s)
+    store = dist.TCPStore(store_host, store_port, tp, is_master=False, timeout=timeout)
+    store.set(f"joined/{rank}", "1")
+    groups = init_process_groups(rank, tp, store, device, config.tp_timeout_s)
+    guard = CollectiveGuard(rank, lambda: "rank 0 stopped answering (it may have exited)")
+    comm = TorchDistComm(groups.tp, rank, tp, device, guard)
+    set_comm(comm)
+    dtype = resolve_dtype(config.dtype, args.dtype, device)
+    engine = Engine(config, args, device, dtype, read_eos_ids(folder))
+    comm.min_over_ranks(0)  # the ready barrier rank 0 waits on
+    channel, decoder = ControlChannel(groups.control, guard), PlanDecoder(engine.table)
+    while (batch := decoder.decode(channel.recv())) is not None:
+        engine.forward(batch)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="A follower rank of a tensor-parallel radixserve engine")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--store", required=True, help="host:port of rank 0's TCP store")
+    ap.add_argument("--config", required=True, help="this rank's EngineConfig as JSON")
+    a = ap.parse_args(argv)
+    config = EngineConfig(**json.loads(a.config))
+    if config.tp_rank != a.rank:
+        ap.error(f"--rank {a.rank} disagrees with the config's tp_rank {config.tp_rank}")
+    threading.Thread(target=_exit_with_rank0, daemon=True, name="rank0-watchdog").start()
+    host, port = a.store.rsplit(":", 1)
+    try:
+        run(config, host, int(port))
+    except TPGroupError as e:
+        sys.exit(f"radixserve TP worker rank {a.rank}: {e}")
+
+
+if __name__ == "__main__":
+    main()
