@@ -47,12 +47,10 @@ class TorchBackend(AttentionBackend):
         assert isinstance(meta, TorchMetadata)
         kv_pool.store(layer_id, meta.out_loc, k, v)
         B, Q = meta.q_index.shape
-        group = self.num_heads // self.num_kv_heads
         qp = q[meta.q_index].transpose(1, 2)  # (B, nh, Q, hd)
         kp = kv_pool.k[layer_id][meta.kv_index].to(q.dtype).transpose(1, 2)  # (B, nkv, L, hd)
         vp = kv_pool.v[layer_id][meta.kv_index].to(q.dtype).transpose(1, 2)
-        if group > 1:
-            kp, vp = kp.repeat_interleave(group, dim=1), vp.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=meta.mask, scale=self.scale)
+        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=meta.mask, scale=self.scale,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
         out = out.transpose(1, 2).reshape(B * Q, self.num_heads, self.head_dim)  # (B*Q, nh, hd)
         return out[meta.flat_index]

@@ -1,0 +1,1 @@
+"""Benchmarks (`radixserve bench <name>`): scripts that print tables, not tests."""
