@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,28 @@ def code_number(code: grpc.StatusCode) -> int:
     return int(code.value[0])
 
 
+class _Malformed:
+    """Stands in for a request whose bytes did not parse (truncated, not protobuf, bad UTF-8)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A deserializer that returns _Malformed instead of raising, so the handler can answer
+    INVALID_ARGUMENT (a client mistake) instead of grpc's generic UNKNOWN."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except (DecodeError, ValueError) as exc:
+            return _Malformed(f"{type(exc).__name__}: {exc}")
+
+    return parse
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps ServiceError to its status, anything unexpected to INTERNAL, and reports final codes.
 
@@ -72,13 +95,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -90,6 +113,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_unary(self, method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
+                _reject_malformed(request)
                 response = await behavior(request, context)
             except BaseException as exc:
                 await self._fail(method, exc, context)
@@ -102,6 +126,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_stream(self, method: str, behavior: Callable[..., AsyncIterator[Any]]) -> Callable:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
+                _reject_malformed(request)
                 async for response in behavior(request, context):
                     yield response
             except BaseException as exc:
@@ -127,3 +152,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             log.exception("bug in %s", method)
             self._report(method, grpc.StatusCode.INTERNAL)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
+
+
+def _reject_malformed(request: Any) -> None:
+    if isinstance(request, _Malformed):
+        raise invalid_argument(f"the request could not be parsed ({request.reason})")
