@@ -25,4 +25,8 @@ def find_packages() -> list[str]:
     return packages
 
 
-setup(packages=find_packages(), package_dir=PACKAGE_ROOTS)
+setup(
+    packages=find_packages(),
+    package_dir=PACKAGE_ROOTS,
+    cffi_modules=["native/build.py:ffibuilder"],
+)
