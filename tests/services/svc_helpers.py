@@ -43,6 +43,8 @@ class FakeEngine:
     reqs: dict[str, _FakeReq] = field(default_factory=dict)
     aborted: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
+    steps: int = 0
+    abort_steps: dict[str, int] = field(default_factory=dict)  # rid -> steps run when aborted
 
     def __post_init__(self) -> None:
         self.model_info = SimpleNamespace(
@@ -60,6 +62,7 @@ class FakeEngine:
 
     def abort(self, rid: str) -> bool:
         self.aborted.append(rid)
+        self.abort_steps[rid] = self.steps
         return self.reqs.pop(rid, None) is not None
 
     def has_work(self) -> bool:
@@ -68,6 +71,7 @@ class FakeEngine:
     def step(self) -> list[StepOutput]:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+        self.steps += 1
         outs = []
         for rid, req in list(self.reqs.items()):
             req.produced += 1

@@ -64,8 +64,11 @@ def test_client_cancel_aborts_in_engine_and_frees_every_map(demo_path: str) -> N
         async for response in call:
             if response.HasField("delta"):
                 break
+        cancelled_at = stack.engine.steps
         call.cancel()
         await until(lambda: len(stack.engine.aborted) == 1)
+        # The abort reaches the engine within two scheduler steps of the client's RST.
+        assert stack.engine.abort_steps[stack.engine.aborted[0]] - cancelled_at <= 2
         await until(lambda: idle(stack))
         # The id is reusable at once.
         res = await acollect(stub, request([5], max_new_tokens=2, request_id="c"))
@@ -164,6 +167,9 @@ def test_drain_refuses_new_calls_and_finishes_in_flight(demo_path: str) -> None:
         await until(lambda: len(stack.engine.reqs) == 1)
         drain = asyncio.create_task(stack.gateway.drain())
         await until(lambda: stack.gateway.frontend.draining)
+        health = health_pb2_grpc.HealthStub(grpc.aio.insecure_channel(stack.target))
+        reply = await health.Check(health_pb2.HealthCheckRequest())
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
         refused = await acollect(stub, request([5], max_new_tokens=1))
         assert refused.code == grpc.StatusCode.UNAVAILABLE
         done = await running

@@ -1,0 +1,247 @@
+"""`radixserve bench serving`: online serving latency and throughput through the gateway.
+
+Requests are random token-id prompts (ids below min(vocab, 10000), input and output lengths
+uniform in [len * (1 - range_ratio), len]) sent with ignore_eos, so every request makes exactly
+its output length. Arrivals are Poisson at --request-rate (or all at once: "inf", a burst),
+capped at each --concurrency level in turn. Metrics follow vLLM / SGLang definitions:
+  TTFT  send -> first token;   TPOT  (E2E - TTFT) / (output tokens - 1) per request;
+  ITL   gap between consecutive token arrivals;   E2E  send -> last event;
+  output tok/s = all output tokens / wall time of the level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import grpc
+from radixserve.v1 import generate_pb2 as pb
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    target: str
+    concurrencies: tuple[int, ...]
+    num_prompts: int
+    input_len: int
+    output_len: int
+    range_ratio: float
+    request_rate: float  # requests per second; inf sends all at once
+    temperature: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        if not self.concurrencies or min(self.concurrencies) < 1:
+            raise ValueError("concurrency levels must be >= 1")
+        if self.num_prompts < 1 or self.input_len < 1 or self.output_len < 1:
+            raise ValueError("num-prompts, input-len and output-len must be >= 1")
+        if not 0 <= self.range_ratio < 1 or self.request_rate <= 0:
+            raise ValueError("range-ratio must be in [0, 1) and request-rate > 0")
+
+
+@dataclass
+class RequestRecord:
+    ok: bool
+    output_tokens: int = 0
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    concurrency: int
+    completed: int
+    failed: int
+    duration_s: float
+    output_tok_s: float
+    request_s: float
+    ttft_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    e2e_ms: dict[str, float]
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
+
+    return {"mean": statistics.fmean(ordered) * 1000, "p50": pick(0.5), "p99": pick(0.99)}
+
+
+def _workload(cfg: BenchConfig, vocab: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(cfg.seed)
+    high = min(vocab, 10000)
+
+    def length(n: int) -> int:
+        return rng.randint(max(1, int(n * (1 - cfg.range_ratio))), n)
+
+    return [([rng.randrange(1, high) for _ in range(length(cfg.input_len))], length(cfg.output_len))
+            for _ in range(cfg.num_prompts)]
+
+
+async def _one(stub: pb_grpc.GenerateServiceStub, prompt: list[int], max_new: int,
+               temperature: float) -> RequestRecord:
+    req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=prompt))
+    req.stopping.max_new_tokens = max_new
+    req.stopping.ignore_eos = True
+    req.sampling.temperature = temperature
+    record = RequestRecord(ok=False)
+    start = last = time.perf_counter()
+    try:
+        async for response in stub.Generate(req):
+            if not response.HasField("delta") or not response.delta.token_ids:
+                continue
+            now = time.perf_counter()
+            if record.output_tokens == 0:
+                record.ttft_s = now - start
+            else:
+                record.itl_s.append(now - last)
+            last = now
+            record.output_tokens += len(response.delta.token_ids)
+    except grpc.aio.AioRpcError as exc:
+        record.error = f"{exc.code().name}: {exc.details()}"
+        return record
+    record.e2e_s = time.perf_counter() - start
+    record.ok = True
+    return record
+
+
+async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrency: int,
+                 work: list[tuple[list[int], int]]) -> LevelResult:
+    gate = asyncio.Semaphore(concurrency)
+    rng = random.Random(cfg.seed + concurrency)
+
+    async def limited(prompt: list[int], max_new: int) -> RequestRecord:
+        async with gate:
+            return await _one(stub, prompt, max_new, cfg.temperature)
+
+    tasks = []
+    began = time.perf_counter()
+    for prompt, max_new in work:
+        tasks.append(asyncio.create_task(limited(prompt, max_new)))
+        if cfg.request_rate != float("inf"):
+            await asyncio.sleep(rng.expovariate(cfg.request_rate))
+    records = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - began
+    done = [r for r in records if r.ok]
+    for r in records:
+        if not r.ok:
+            print(f"request failed: {r.error}", file=sys.stderr)
+    tokens = sum(r.output_tokens for r in done)
+    tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    return LevelResult(
+        concurrency=concurrency, completed=len(done), failed=len(records) - len(done),
+        duration_s=duration, output_tok_s=tokens / duration, request_s=len(done) / duration,
+        ttft_ms=_percentiles([r.ttft_s for r in done]), tpot_ms=_percentiles(tpot),
+        itl_ms=_percentiles([g for r in done for g in r.itl_s]),
+        e2e_ms=_percentiles([r.e2e_s for r in done]),
+    )
+
+
+async def run(cfg: BenchConfig) -> list[LevelResult]:
+    async with grpc.aio.insecure_channel(cfg.target) as channel:
+        stub = pb_grpc.GenerateServiceStub(channel)
+        info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+        work = _workload(cfg, info.vocab_size)
+        await _one(stub, work[0][0], 2, cfg.temperature)  # warm the path end to end
+        return [await _level(stub, cfg, c, work) for c in cfg.concurrencies]
+
+
+def format_table(results: list[LevelResult]) -> str:
+    head = (f"{'conc':>5} {'ok':>5} {'fail':>4} {'tok/s':>8} {'req/s':>6} "
+            f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} "
+            f"{'ITL p50':>8} {'ITL p99':>8} {'E2E p50':>9} {'E2E p99':>9}")
+    rows = [head, "-" * len(head)]
+    for r in results:
+        rows.append(
+            f"{r.concurrency:>5} {r.completed:>5} {r.failed:>4} {r.output_tok_s:>8.1f} "
+            f"{r.request_s:>6.2f} {r.ttft_ms['p50']:>9.1f} {r.ttft_ms['p99']:>9.1f} "
+            f"{r.tpot_ms['p50']:>9.1f} {r.tpot_ms['p99']:>9.1f} {r.itl_ms['p50']:>8.1f} "
+            f"{r.itl_ms['p99']:>8.1f} {r.e2e_ms['p50']:>9.1f} {r.e2e_ms['p99']:>9.1f}")
+    return "\n".join(rows) + "\n(latencies in ms)"
+
+
+def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `radixserve serve` on a free port and wait until its gateway is SERVING."""
+    import socket
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "radixserve.services.cli", "serve", "--model", model,
+            "--port", str(port), "--log-level", "WARNING", *extra]
+    proc = subprocess.Popen(argv)
+    target = f"127.0.0.1:{port}"
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"radixserve serve exited with {proc.returncode}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return proc, target
+            except grpc.RpcError:
+                pass  # not listening yet
+            time.sleep(0.2)
+    proc.terminate()
+    raise SystemExit("radixserve serve did not become ready")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="radixserve bench serving", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
+    p.add_argument("--launch", action="store_true",
+                   help="start `radixserve serve` for the run (extra flags after --)")
+    p.add_argument("--model", default="demo", help="model for --launch")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--range-ratio", type=float, default=0.5)
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="Poisson arrivals per second (default inf: a burst)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_path", help="write the results here")
+    args, extra = p.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    if extra and not args.launch:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    proc = None
+    target = args.target
+    if args.launch:
+        proc, target = _launch(args.model, extra)
+    try:
+        cfg = BenchConfig(target, tuple(int(c) for c in args.concurrency.split(",")),
+                          args.num_prompts, args.input_len, args.output_len, args.range_ratio,
+                          args.request_rate, args.temperature, args.seed)
+        results = asyncio.run(run(cfg))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+    print(format_table(results))
+    if args.json_path:
+        payload: dict[str, Any] = {"config": asdict(cfg), "results": [asdict(r) for r in results]}
+        with open(args.json_path, "w") as f:
+            json.dump(payload, f, indent=2)
+    return 1 if any(r.failed for r in results) else 0

@@ -1,0 +1,189 @@
+"""Unit tests of the service cores, without gRPC: the engine loop, detokenizer state, tokenizer
+jobs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import grpc
+import pytest
+from svc_helpers import FakeEngine
+
+from radixserve.engine.sampling.params import SamplingParams
+from radixserve.services.detokenizer.state import DetokenizerState, Output, Setup, Step
+from radixserve.services.scheduler.loop import (
+    AbortOwned,
+    Acks,
+    EngineLoop,
+    LoopConfig,
+    NewRequest,
+    StepBatch,
+    Submission,
+)
+from radixserve.services.tokenizer.core import Decode, EncodeChat, EncodeText, JobFailure, TokenizerCore
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.acks: list[Acks] = []
+        self.steps: list[StepBatch] = []
+        self.ready = threading.Event()
+        self.fatal: list[BaseException] = []
+
+    def on_ready(self, model_info: Any) -> None:
+        self.ready.set()
+
+    def on_acks(self, acks: Acks) -> None:
+        self.acks.append(acks)
+
+    def on_step(self, batch: StepBatch) -> None:
+        self.steps.append(batch)
+
+    def on_fatal(self, exc: BaseException) -> None:
+        self.fatal.append(exc)
+
+
+def new(rid: str, n: int = 3, **kw: Any) -> NewRequest:
+    return NewRequest(rid, [5], SamplingParams(max_new_tokens=n, **kw), passthrough=rid)
+
+
+def wait_for(check: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def loop() -> Any:
+    engine, sink = FakeEngine(step_delay_s=0.002), Sink()
+    lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False, idle_poll_s=0.02))
+    lp.start()
+    assert sink.ready.wait(5)
+    yield lp, engine, sink
+    lp.stop(5)
+    assert not sink.fatal
+
+
+def test_loop_one_message_per_step_with_setups_first(loop: Any) -> None:
+    lp, engine, sink = loop
+    lp.submit(Submission("gw", [new("a"), new("b")]))
+    wait_for(lambda: lp.live_requests == 0 and len(engine.added) == 2 and not engine.reqs)
+    first = sink.steps[0]
+    assert [s.rid for s in first.setups] == ["a", "b"]
+    assert {o.rid for o in first.outputs} == {"a", "b"}  # both in one message
+    assert sink.acks[0] == Acks("gw", ["a", "b"], [])
+    assert sum(len(s.outputs) for s in sink.steps) == 6
+    assert lp.stats["running_requests"] == 0
+
+
+def test_loop_add_and_abort_in_one_batch_never_announces(loop: Any) -> None:
+    lp, engine, sink = loop
+    lp.submit(Submission("gw", [new("x", 50)], abort_ids=["x"]))
+    wait_for(lambda: "x" in engine.aborted)
+    wait_for(lambda: sink.steps)
+    assert all("x" not in [s.rid for s in step.setups] for step in sink.steps)
+    assert sink.steps[-1].aborted == ["x"]
+    assert lp.live_requests == 0
+
+
+def test_loop_abort_owned_by_a_closed_stream(loop: Any) -> None:
+    lp, engine, sink = loop
+    lp.submit(Submission("g1", [new("a", 500), new("b", 500)]))
+    lp.submit(Submission("g2", [new("c", 5)]))
+    wait_for(lambda: len(engine.added) == 3)
+    lp.submit(AbortOwned("g1"))
+    wait_for(lambda: not engine.reqs)
+    assert set(engine.aborted) == {"a", "b"} and lp.live_requests == 0
+
+
+def test_loop_queue_limit_rejects_resource_exhausted() -> None:
+    engine, sink = FakeEngine(), Sink()
+    engine.stats = lambda: {"waiting_requests": 7}  # type: ignore[method-assign]
+    lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False, max_waiting_requests=7))
+    lp.start()
+    lp.submit(Submission("gw", [new("a")]))
+    wait_for(lambda: sink.acks)
+    lp.stop(5)
+    (rejection,) = sink.acks[0].rejected
+    assert rejection.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_loop_engine_crash_is_fatal() -> None:
+    engine, sink = FakeEngine(), Sink()
+    engine.step = lambda: 1 / 0  # type: ignore[method-assign]
+    lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False))
+    lp.start()
+    lp.submit(Submission("gw", [new("a")]))
+    wait_for(lambda: sink.fatal)
+    assert isinstance(sink.fatal[0], ZeroDivisionError)
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(demo_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(demo_path)
+
+
+def test_detokenizer_state_lifetimes(hf_tokenizer: Any) -> None:
+    from radixserve.engine.detokenize import IncrementalDetokenizer
+
+    state = DetokenizerState(lambda s: IncrementalDetokenizer(
+        hf_tokenizer, s.prompt_ids, s.stop, s.include_stop_str, s.skip_special_tokens))
+    ids = hf_tokenizer.encode(" one two three four")
+    r = state.apply(Step(setups=[Setup("a", [1]), Setup("b", [1], stop=(" three",))],
+                         outputs=[Output("a", ids[:2]), Output("b", ids[:2])]))
+    assert [d.text for d in r.deltas] == [" one two", " one two"] and not r.abort_ids
+    r = state.apply(Step(outputs=[Output("b", ids[2:]), Output("a", ids[2:], "length",
+                                                                 prompt_tokens=1)]))
+    by_rid = {d.rid: d for d in r.deltas}
+    assert by_rid["b"].finish is not None and by_rid["b"].finish.reason == "stop_string"
+    assert by_rid["b"].finish.stop_string == " three" and by_rid["b"].text == ""
+    assert r.abort_ids == ["b"]  # the engine must stop generating it
+    assert by_rid["a"].text == " three four" and by_rid["a"].finish.completion_tokens == len(ids)
+    assert len(state) == 0
+    # Late output of a finished request, abort of an unknown one: ignored, nothing held.
+    r = state.apply(Step(aborted=["zzz"], outputs=[Output("b", ids[:1])]))
+    assert r.deltas == [] and len(state) == 0
+    state.apply(Step(setups=[Setup("c", [1])]))
+    state.apply(Step(aborted=["c"]))
+    assert len(state) == 0
+    state.apply(Step(setups=[Setup("d", [1])]))
+    state.reset()
+    assert len(state) == 0
+
+
+class _PoisonTemplate:
+    """A tokenizer whose chat template raises the way a template's raise_exception does."""
+
+    chat_template = "{{ raise_exception('bad role') }}"
+    all_special_ids = [0]
+
+    def __len__(self) -> int:
+        return 10
+
+    def apply_chat_template(self, *a: Any, **kw: Any) -> str:
+        import jinja2
+
+        raise jinja2.TemplateError("bad role")
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if text == "boom":
+            raise RuntimeError("tokenizer bug")
+        return [1, 2]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "ab"
+
+
+def test_tokenizer_poison_fails_only_its_job() -> None:
+    core = TokenizerCore(_PoisonTemplate())
+    out = core.run_batch([EncodeChat((("user", "x"),)), EncodeText("boom"), EncodeText("ok"),
+                          Decode((1, 99))])
+    assert isinstance(out[0], JobFailure) and out[0].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert isinstance(out[1], JobFailure) and out[1].code == grpc.StatusCode.INTERNAL
+    assert out[2] == [1, 2]
+    assert isinstance(out[3], JobFailure) and "outside the vocabulary" in out[3].message
