@@ -7,8 +7,8 @@ only has to be right while a model is constructed; `comm_scope` sets it for that
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 

@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,8 @@ from radixserve.engine.scheduler.batch import Batch
 log = logging.getLogger(__name__)
 STORE_HOST = "127.0.0.1"
 EXIT_GRACE_S = 10.0  # how long close() lets workers leave before killing them
+FAILED_GRACE_S = 1.0  # the same after a group failure, when a worker may be stuck for good
+START_TIMEOUT_S = 600.0  # workers import, join and load their shard within this (deaths show at once)
 
 
 def check_tp_shapes(args: ModelArgs, tp_size: int) -> None:
@@ -92,9 +94,9 @@ class TPLeader:
         self.store = dist.TCPStore(STORE_HOST, 0, self.tp_size, is_master=True, timeout=timeout,
                                    wait_for_workers=False)
         self.workers = [self._spawn(config, r) for r in range(1, self.tp_size)]
-        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, 0.0)
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, FAILED_GRACE_S)
         try:
-            self._wait_for_workers()
+            self._wait_for("joined")
             groups = init_process_groups(0, self.tp_size, self.store, self.device, self.timeout_s)
         except BaseException:
             self._finalizer()
@@ -111,16 +113,22 @@ class TPLeader:
                "--store", f"{STORE_HOST}:{self.store.port}", "--config", cfg]
         return subprocess.Popen(cmd, stdin=subprocess.PIPE)
 
-    def _wait_for_workers(self) -> None:
-        keys = [f"joined/{r}" for r in range(1, self.tp_size)]
-        deadline = time.monotonic() + self.timeout_s
+    def _wait_for(self, stage: str) -> None:
+        """Wait until every worker has set `{stage}/{rank}` in the store, failing fast if one dies."""
+        keys = [f"{stage}/{r}" for r in range(1, self.tp_size)]
+        limit = max(START_TIMEOUT_S, self.timeout_s)
+        deadline = time.monotonic() + limit
         while not self.store.check(keys):
             dead = [(r, p.returncode) for r, p in enumerate(self.workers, 1) if p.poll() is not None]
             if dead:
-                raise TPGroupError(f"TP worker(s) exited during start-up (rank, exit code): {dead}")
+                raise TPGroupError(f"TP worker(s) exited before being {stage} (rank, exit code): {dead}")
             if time.monotonic() > deadline:
-                raise TPGroupError(f"TP workers did not start within {self.timeout_s:.0f} s")
+                raise TPGroupError(f"TP workers were not {stage} within {limit:.0f} s")
             time.sleep(0.05)
+
+    def wait_ready(self) -> None:
+        """Every worker has built its engine shard."""
+        self._wait_for("ready")
 
     def describe_workers(self) -> str:
         """Which workers have exited, waiting briefly for a dying one to be reaped."""
@@ -140,13 +148,15 @@ class TPLeader:
         if self.closed:
             return
         self.closed = True
-        if self.comm.guard.failure is None:
+        healthy = self.comm.guard.failure is None
+        if healthy:
             try:
                 self.channel.send(self.encoder.encode_shutdown())
             except TPGroupError as e:
+                healthy = False
                 log.warning("could not send the shutdown plan: %s", e)
         self._finalizer.detach()
-        _stop_workers(self.workers, EXIT_GRACE_S)
+        _stop_workers(self.workers, EXIT_GRACE_S if healthy else FAILED_GRACE_S)
         dist.destroy_process_group()
 
 
@@ -161,7 +171,7 @@ def building(leader: TPLeader | None) -> Iterator[None]:
     try:
         with comm_scope(leader.comm):
             yield
-        leader.comm.min_over_ranks(0)  # a barrier: every rank has built its shard
+        leader.wait_ready()
     except BaseException:
         leader.close()
         raise

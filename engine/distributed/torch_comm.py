@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import datetime
 from abc import ABC, abstractmethod
-from typing import Callable, NamedTuple, TypeVar
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import torch
 import torch.distributed as dist

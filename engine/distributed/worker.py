@@ -53,7 +53,7 @@ def run(config: EngineConfig, store_host: str, store_port: int) -> None:
     set_comm(comm)
     dtype = resolve_dtype(config.dtype, args.dtype, device)
     engine = Engine(config, args, device, dtype, read_eos_ids(folder))
-    comm.min_over_ranks(0)  # the ready barrier rank 0 waits on
+    store.set(f"ready/{rank}", "1")  # what rank 0's constructor waits for
     channel, decoder = ControlChannel(groups.control, guard), PlanDecoder(engine.table)
     while (batch := decoder.decode(channel.recv())) is not None:
         engine.forward(batch)
