@@ -26,8 +26,9 @@ class ServeConfig:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        # The supervisor checks the gateway's health on this port, so it must be a real one.
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in (0, 65536), got {self.port}")
         if self.metrics_port is not None and not 0 < self.metrics_port < 65535:
             raise ValueError(f"metrics port must be in (0, 65535), got {self.metrics_port}")
         if self.startup_timeout_s <= 0:

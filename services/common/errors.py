@@ -85,9 +85,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -123,7 +123,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         return wrapped
 
-    def _wrap_stream(self, method: str, behavior: Callable[..., AsyncIterator[Any]]) -> Callable:
+    def _wrap_stream(self, method: str, behavior: Callable[..., Any]) -> Callable:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
                 _reject_malformed(request)
@@ -140,7 +140,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         """Answer `exc` with its status (context.abort raises AbortError, which ends the RPC)."""
         if isinstance(exc, asyncio.CancelledError):
             # The client went away or its deadline passed; grpc already knows the final status.
-            self._report(method, grpc.StatusCode.CANCELLED)
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            self._report(
+                method, grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            )
             return
         if isinstance(exc, grpc.aio.AbortError):
             self._report(method, context.code() or grpc.StatusCode.UNKNOWN)

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
@@ -57,7 +57,7 @@ class _Aborted:
     pass
 
 
-_Item = _Accepted | _Aborted | Failure | detok_pb.RequestDelta
+_Item: TypeAlias = _Accepted | _Aborted | Failure | detok_pb.RequestDelta
 
 
 @dataclass
@@ -69,6 +69,7 @@ class RequestHandle:
     inbox: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
     submitted: bool = False
     finished: bool = False
+    aborted: bool = False  # by the Abort RPC; may come before submission (while tokenizing)
 
 
 class Frontend(SchedulerEvents):
@@ -116,10 +117,11 @@ class Frontend(SchedulerEvents):
             info = self.model_info()
             prompt_ids = await self._prompt_ids(handle.rid, handle.spec.prompt, info)
             params = self._resolve(handle.spec.params, len(prompt_ids), info)
-            self._links.submit(convert.new_request_to_pb(
-                handle.rid, prompt_ids, params, handle.spec.skip_special_tokens
-            ))
-            handle.submitted = True
+            if not handle.aborted:
+                self._links.submit(convert.new_request_to_pb(
+                    handle.rid, prompt_ids, params, handle.spec.skip_special_tokens
+                ))
+                handle.submitted = True
             async for event in self._stream(handle, prompt_ids):
                 yield event
         finally:
@@ -228,9 +230,10 @@ class Frontend(SchedulerEvents):
         aborted = 0
         for public_id in public_ids:
             handle = self._by_public.get(public_id)
-            if handle is None or handle.finished:
+            if handle is None or handle.finished or handle.aborted:
                 continue
             aborted += 1
+            handle.aborted = True
             handle.inbox.put_nowait(_Aborted())
             if handle.submitted:
                 self._links.abort(handle.rid)

@@ -83,6 +83,9 @@ def test_deadline_aborts_in_engine(demo_path: str) -> None:
         assert res.code == grpc.StatusCode.DEADLINE_EXCEEDED
         await until(lambda: len(stack.engine.aborted) == 1)
         await until(lambda: idle(stack))
+        registry = stack.gateway.metrics.registry
+        labels = {"method": "Generate", "code": "DEADLINE_EXCEEDED"}
+        await until(lambda: registry.get_sample_value("radixserve_requests_total", labels) == 1)
 
     run(demo_path, body, step_delay_s=0.02)
 

@@ -9,8 +9,6 @@ from typing import Any
 
 import grpc
 import pytest
-from svc_helpers import FakeEngine
-
 from radixserve.engine.sampling.params import SamplingParams
 from radixserve.services.detokenizer.state import DetokenizerState, Output, Setup, Step
 from radixserve.services.scheduler.loop import (
@@ -22,7 +20,14 @@ from radixserve.services.scheduler.loop import (
     StepBatch,
     Submission,
 )
-from radixserve.services.tokenizer.core import Decode, EncodeChat, EncodeText, JobFailure, TokenizerCore
+from radixserve.services.tokenizer.core import (
+    Decode,
+    EncodeChat,
+    EncodeText,
+    JobFailure,
+    TokenizerCore,
+)
+from svc_helpers import FakeEngine
 
 
 class Sink:
@@ -90,7 +95,7 @@ def test_loop_add_and_abort_in_one_batch_never_announces(loop: Any) -> None:
 
 
 def test_loop_abort_owned_by_a_closed_stream(loop: Any) -> None:
-    lp, engine, sink = loop
+    lp, engine, _ = loop
     lp.submit(Submission("g1", [new("a", 500), new("b", 500)]))
     lp.submit(Submission("g2", [new("c", 5)]))
     wait_for(lambda: len(engine.added) == 3)
@@ -160,7 +165,7 @@ class _PoisonTemplate:
     """A tokenizer whose chat template raises the way a template's raise_exception does."""
 
     chat_template = "{{ raise_exception('bad role') }}"
-    all_special_ids = [0]
+    all_special_ids = (0,)
 
     def __len__(self) -> int:
         return 10
