@@ -50,8 +50,8 @@ class PlanEncoder:
         self._seq = 0
         self._bound: dict[int, Req] = {}  # slot -> the request the followers know in it
 
-    def _plan(self, **fields: object) -> pb.StepPlan:
-        plan = pb.StepPlan(seq=self._seq, **fields)
+    def _plan(self, shutdown: bool = False) -> pb.StepPlan:
+        plan = pb.StepPlan(seq=self._seq, shutdown=shutdown)
         self._seq += 1
         return plan
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> Ca
                 param = params[target]
                 # A lazy slice: each layer indexes its own TP shard, so only that part is read.
                 source = f.get_slice(name)
-                loader = getattr(param, "weight_loader", _copy_whole)
+                loader: Callable[..., None] = getattr(param, "weight_loader", _copy_whole)
                 loader(param, source) if shard is None else loader(param, source, shard)
                 loaded.add(target if shard is None else f"{target}:{shard}")
     if args.tie_word_embeddings:

@@ -85,6 +85,18 @@ def test_tp_matches_single_rank(kind, tp, config, ckpt, single_rank):
     assert got == ref
 
 
+def test_tp_under_kv_pressure_matches_single_rank(ckpt):
+    """A pool with room for about two requests: admission waits (or retracts) on rank 0 alone,
+    and the followers still replay exactly what ran."""
+    batch = [[(i * 37 + j) % 900 + 3 for j in range(20 + i)] for i in range(8)]
+    results = []
+    for tp, pages in ((1, None), (2, 24)):
+        with LLM(str(ckpt("llama")), tp_size=tp, num_pages=pages, **BASE) as llm:
+            results.append([o.token_ids for o in llm.generate(batch, GREEDY)])
+            register_engine(llm.core)
+    assert results[0] == results[1]
+
+
 # -- sharded loading ----------------------------------------------------------------------------
 class FakeComm(Communicator):
     """Rank `rank` of `world_size`, for building and loading a shard without a group."""
