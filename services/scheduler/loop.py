@@ -91,7 +91,7 @@ class LoopSink(Protocol):
     def on_fatal(self, exc: BaseException) -> None: ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoopConfig:
     warmup: bool = True
     idle_poll_s: float = 0.5  # how often an idle loop looks at the stop flag

@@ -188,3 +188,17 @@ def test_prefix_cache_hits_are_reported(stack: Stack) -> None:
     second = collect(stack.stub, request(prompt, max_new_tokens=2, temperature=0.0))
     assert second.finished.usage.cached_tokens >= 64 > first.finished.usage.cached_tokens
     assert stack.stub.GetServerInfo(pb.GetServerInfoRequest()).prefix_cache_hit_rate > 0
+
+
+def test_bench_serving_smoke(stack: Stack) -> None:
+    import asyncio
+
+    from radixserve.services import bench_serving
+
+    cfg = bench_serving.BenchConfig(stack.target, (1, 3), num_prompts=6, input_len=16,
+                                    output_len=4, range_ratio=0.5, request_rate=50.0,
+                                    temperature=0.0, seed=0)
+    results = asyncio.run(bench_serving.run(cfg))
+    assert [r.completed for r in results] == [6, 6] and not any(r.failed for r in results)
+    assert all(r.output_tok_s > 0 and r.ttft_ms["p50"] > 0 for r in results)
+    assert "TTFT p50" in bench_serving.format_table(results)
