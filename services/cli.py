@@ -48,7 +48,27 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--attention-backend", "attention_backend", str),
     ("--tp-size", "tp_size", int),
     ("--seed", "seed", int),
+    ("--schedule-policy", "schedule_policy", str),
+    ("--admission", "admission", str),
+    ("--memory-fraction", "memory_fraction", float),
+    ("--cpu-kv-tokens", "cpu_kv_tokens", int),
+    ("--cuda-graph-max-batch", "cuda_graph_max_batch", int),
+    ("--load-format", "load_format", str),
 )
+# Boolean engine switches that default on: (flag that turns it off, field).
+ENGINE_SWITCHES: tuple[tuple[str, str], ...] = (
+    ("--no-overlap", "overlap"),
+    ("--no-cuda-graph", "cuda_graph"),
+)
+
+
+def _engine_fields() -> set[str]:
+    """Fields the installed engine knows; flags for others are not offered."""
+    import dataclasses
+
+    from radixserve.engine.config import EngineConfig
+
+    return {f.name for f in dataclasses.fields(EngineConfig)}
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -59,12 +79,14 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 def _add_engine(p: argparse.ArgumentParser) -> None:
     from radixserve.engine.config import EngineConfig
 
-    defaults = EngineConfig(model_path="")
+    defaults, known = EngineConfig(model_path=""), _engine_fields()
     for flag, field, kind in ENGINE_FLAGS:
-        p.add_argument(flag, dest=field, type=kind, default=getattr(defaults, field),
-                       help=f"engine {field} (default: {getattr(defaults, field)})")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false",
-                   help="disable overlap scheduling")
+        if field in known:
+            p.add_argument(flag, dest=field, type=kind, default=getattr(defaults, field),
+                           help=f"engine {field} (default: {getattr(defaults, field)})")
+    for flag, field in ENGINE_SWITCHES:
+        if field in known:
+            p.add_argument(flag, dest=field, action="store_false", help=f"turn off engine {field}")
 
 
 def _add_gateway_limits(p: argparse.ArgumentParser) -> None:
@@ -144,18 +166,23 @@ def _resolve_model(model: str) -> str:
 def _engine_config(args: argparse.Namespace, model_path: str) -> Any:
     from radixserve.engine.config import EngineConfig
 
-    fields = {field: getattr(args, field) for _, field, _ in ENGINE_FLAGS}
-    return EngineConfig(model_path=model_path, overlap=args.overlap, **fields)
+    known = _engine_fields()
+    names = [f for _, f, _ in ENGINE_FLAGS] + [f for _, f in ENGINE_SWITCHES]
+    fields = {name: getattr(args, name) for name in names if name in known}
+    try:
+        return EngineConfig(model_path=model_path, **fields)
+    except ValueError as exc:
+        raise SystemExit(f"radixserve: invalid engine flags: {exc}") from None
 
 
 def engine_argv(engine: Any) -> list[str]:
     """The scheduler flags that rebuild `engine` (an EngineConfig) in a child process."""
     argv: list[str] = []
     for flag, field, _ in ENGINE_FLAGS:
-        value = getattr(engine, field)
+        value = getattr(engine, field, None)
         if value is not None:
             argv += [flag, str(value)]
-    return argv + ([] if engine.overlap else ["--no-overlap"])
+    return argv + [flag for flag, field in ENGINE_SWITCHES if getattr(engine, field, True) is False]
 
 
 def _frontend_config(args: argparse.Namespace) -> Any:

@@ -192,3 +192,14 @@ def test_tokenizer_poison_fails_only_its_job() -> None:
     assert isinstance(out[1], JobFailure) and out[1].code == grpc.StatusCode.INTERNAL
     assert out[2] == [1, 2]
     assert isinstance(out[3], JobFailure) and "outside the vocabulary" in out[3].message
+
+
+def test_cli_engine_flags_round_trip_to_the_scheduler_child() -> None:
+    from radixserve.services.cli import _engine_config, build_parser, engine_argv
+
+    args = build_parser().parse_args(
+        ["serve", "--no-overlap", "--cache", "naive", "--page-size", "8", "--num-pages", "64"])
+    engine = _engine_config(args, "/models/x")
+    child = build_parser().parse_args(["scheduler", *engine_argv(engine)])
+    assert _engine_config(child, "/models/x") == engine
+    assert not engine.overlap and engine.cache == "naive" and engine.num_pages == 64
