@@ -21,7 +21,8 @@ def demo_path() -> str:
 def stack(demo_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log = tmp_path_factory.mktemp("stack") / "serve.log"
     metrics_port = free_port()
-    s = Stack("--metrics-port", str(metrics_port), log_path=log)
+    # 16 slots: the 32- and 64-stream tests also exercise queued requests and their cancellation.
+    s = Stack("--metrics-port", str(metrics_port), "--max-running-requests", "16", log_path=log)
     s.metrics_port = metrics_port
     try:
         s.wait_ready()
