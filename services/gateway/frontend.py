@@ -241,8 +241,6 @@ class Frontend(SchedulerEvents):
 
     async def tokenize(self, prompt: Prompt) -> list[int]:
         self.model_info()
-        if isinstance(prompt, IdsPrompt):
-            return list(prompt.ids)
         result = await self._links.run_job(convert.tokenize_job_to_pb(uuid.uuid4().hex, prompt))
         return list(result.token_ids.ids)
 

@@ -132,7 +132,10 @@ class Links:
         self._health = [health_pb2_grpc.HealthStub(channel) for channel in channels]
         try:
             while True:
-                await self._session(*self._stubs)
+                try:
+                    await self._session(*self._stubs)
+                except Exception:  # a bug in a pump must not wedge the gateway: log, reconnect
+                    log.exception("backend link failed; reconnecting")
                 await asyncio.sleep(self._retry_s)
         finally:
             for channel in channels:
