@@ -115,7 +115,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             try:
                 _reject_malformed(request)
                 response = await behavior(request, context)
-            except BaseException as exc:
+            except BaseException as exc:  # classified by _fail: answered or re-raised
                 await self._fail(method, exc, context)
                 raise
             self._report(method, grpc.StatusCode.OK)
@@ -129,7 +129,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 _reject_malformed(request)
                 async for response in behavior(request, context):
                     yield response
-            except BaseException as exc:
+            except BaseException as exc:  # classified by _fail: answered or re-raised
                 await self._fail(method, exc, context)
                 raise
             self._report(method, grpc.StatusCode.OK)

@@ -145,7 +145,7 @@ class EngineLoop:
             busy = False
             while not self._stopping.is_set():
                 busy = self._iterate(engine, busy)
-        except BaseException as exc:
+        except BaseException as exc:  # reported to the process, which then exits 1
             log.exception("engine loop died")
             self._sink.on_fatal(exc)
 

@@ -81,7 +81,7 @@ class TokenizerCore:
             return self._decode(job)
         except _USER_ERRORS as exc:
             return JobFailure(grpc.StatusCode.INVALID_ARGUMENT, f"tokenizer rejected the input: {exc}")
-        except Exception as exc:
+        except Exception as exc:  # a poison input fails only its own job
             log.exception("tokenizer job failed")
             return JobFailure(grpc.StatusCode.INTERNAL, f"tokenizer failed: {type(exc).__name__}")
 
