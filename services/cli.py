@@ -232,25 +232,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _serve_one(args: argparse.Namespace) -> int:
+    from radixserve.services.common.auth import SECRET_ENV
+
+    secret = os.environ.get(SECRET_ENV) or None  # unset: internal calls are not authenticated
     if args.command == "gateway":
         from radixserve.services.gateway.server import BackendAddresses, serve
 
         backends = BackendAddresses(args.tokenizer_addr, args.scheduler_addr, args.detokenizer_addr)
-        return await serve(args.address, backends, _frontend_config(args), args.metrics_port)
+        return await serve(
+            args.address, backends, _frontend_config(args), args.metrics_port, secret
+        )
     model_path = _resolve_model(args.model)
     if args.command == "tokenizer":
         from radixserve.services.tokenizer.server import serve as serve_tokenizer
 
-        return await serve_tokenizer(args.address, model_path)
+        return await serve_tokenizer(args.address, model_path, secret=secret)
     if args.command == "detokenizer":
         from radixserve.services.detokenizer.server import serve as serve_detokenizer
 
-        return await serve_detokenizer(args.address, model_path)
+        return await serve_detokenizer(args.address, model_path, secret)
     from radixserve.services.scheduler.server import serve as serve_scheduler
 
     engine = _engine_config(args, model_path)
     return await serve_scheduler(
-        args.address, engine, args.detokenizer_addr, args.metrics_port, args.drain_timeout
+        args.address, engine, args.detokenizer_addr, args.metrics_port, args.drain_timeout, secret
     )
 
 

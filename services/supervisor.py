@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from types import FrameType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from radixserve.services.common.auth import SECRET_ENV
 from radixserve.services.common.lifecycle import PARENT_PID_ENV
 from radixserve.services.config import ServeConfig
 
@@ -47,6 +49,8 @@ class Supervisor:
         self._engine_argv = engine_argv
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._stop_signal: int | None = None
+        # Internal calls carry a secret even on private sockets; one is made up when none is set.
+        self._secret = os.environ.get(SECRET_ENV) or secrets.token_hex(32)
 
     def run(self) -> int:
         sockets = tempfile.mkdtemp(prefix="radixserve-")
@@ -101,7 +105,7 @@ class Supervisor:
         ]
 
     def _spawn(self, child: Child) -> None:
-        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), SECRET_ENV: self._secret}
         # A session of its own: a terminal's Ctrl-C reaches only the supervisor, which then stops
         # the children in order (gateway first) instead of all of them at once.
         self._procs[child.name] = subprocess.Popen(child.argv, env=env, start_new_session=True)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import grpc
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as pb
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2_grpc as pb_grpc
-from radixserve.services.common import rpc
+from radixserve.services.common import auth, rpc
 from radixserve.services.common.errors import ErrorInterceptor
 from radixserve.services.detokenizer import convert
 from radixserve.services.detokenizer.state import (
@@ -111,9 +111,13 @@ class Served(NamedTuple):
     servicer: DetokenizerServicer
 
 
-async def create_server(address: str, factory: DetokenizerFactory) -> Served:
+async def create_server(
+    address: str, factory: DetokenizerFactory, secret: str | None = None
+) -> Served:
     """Build (not start) the detokenizer server on `address`; port 0 picks a free port."""
-    server = rpc.create_aio_server([ErrorInterceptor()], rpc.INTERNAL_SERVER_OPTIONS)
+    server = rpc.create_aio_server(
+        [*auth.interceptors(secret), ErrorInterceptor()], rpc.INTERNAL_SERVER_OPTIONS
+    )
     servicer = DetokenizerServicer(factory)
     pb_grpc.add_DetokenizerServiceServicer_to_server(servicer, server)
     health = rpc.Health(server, [SERVICE_NAME])
@@ -123,12 +127,15 @@ async def create_server(address: str, factory: DetokenizerFactory) -> Served:
     return Served(server, port, health, servicer)
 
 
-async def serve(address: str, model_path: str, stop_grace_s: float = 5.0) -> int:
+async def serve(
+    address: str, model_path: str, secret: str | None = None, stop_grace_s: float = 5.0
+) -> int:
     """Entry point of `radixserve detokenizer`: load the tokenizer, serve, drain on SIGTERM."""
     from radixserve.services.common.lifecycle import run_until_signal
     from transformers import AutoTokenizer
 
-    served = await create_server(address, hf_factory(AutoTokenizer.from_pretrained(model_path)))
+    factory = hf_factory(AutoTokenizer.from_pretrained(model_path))
+    served = await create_server(address, factory, secret)
     await served.server.start()
     log.info("detokenizer listening on %s", address)
     return await run_until_signal(served.server, served.health.shutdown, stop_grace_s=stop_grace_s)

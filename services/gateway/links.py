@@ -66,8 +66,10 @@ class Links:
         scheduler_address: str,
         detokenizer_address: str,
         on_ready: Callable[[bool], Any],
+        metadata: tuple[tuple[str, str], ...] = (),
         retry_s: float = 0.5,
     ) -> None:
+        self._md = metadata  # the internal secret, on every call but health checks
         self._addresses = (tokenizer_address, scheduler_address, detokenizer_address)
         self.events = SchedulerEvents()  # replaced by the frontend before `run`
         self._on_ready = on_ready
@@ -116,7 +118,9 @@ class Links:
         if self._stubs is None or not self.ready:
             raise unavailable("backends are not connected")
         try:
-            return await getattr(self._stubs[which], method)(request, timeout=5.0)
+            return await getattr(self._stubs[which], method)(
+                request, timeout=5.0, metadata=self._md
+            )
         except grpc.aio.AioRpcError as exc:
             raise unavailable(f"backend {method} failed: {exc.code().name}") from None
 
@@ -146,8 +150,8 @@ class Links:
         tasks: list[asyncio.Task[None]] = []
         try:
             info = await self._wait_backends(tok, sched, detok)
-            tok_call, sched_call = tok.Process(), sched.Submit()
-            detok_call = detok.Subscribe(detok_pb.SubscribeRequest())
+            tok_call, sched_call = tok.Process(metadata=self._md), sched.Submit(metadata=self._md)
+            detok_call = detok.Subscribe(detok_pb.SubscribeRequest(), metadata=self._md)
             calls = [tok_call, sched_call, detok_call]
             for call in calls:
                 await call.wait_for_connection()
@@ -184,8 +188,12 @@ class Links:
         while True:
             try:
                 await asyncio.gather(*(rpc.require_serving(stub) for stub in self._health))
-                model = await sched.GetModelInfo(sched_pb.GetModelInfoRequest(), timeout=5.0)
-                tok_info = await tok.GetTokenizerInfo(tok_pb.GetTokenizerInfoRequest(), timeout=5.0)
+                model = await sched.GetModelInfo(
+                    sched_pb.GetModelInfoRequest(), timeout=5.0, metadata=self._md
+                )
+                tok_info = await tok.GetTokenizerInfo(
+                    tok_pb.GetTokenizerInfoRequest(), timeout=5.0, metadata=self._md
+                )
                 return convert.model_info_from_pb(model, tok_info)
             except (grpc.aio.AioRpcError, rpc.NotServing) as exc:
                 log.debug("backends not ready yet: %s", exc)

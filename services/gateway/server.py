@@ -14,7 +14,7 @@ from importlib import metadata
 from typing import NamedTuple
 
 import grpc
-from radixserve.services.common import rpc
+from radixserve.services.common import auth, rpc
 from radixserve.services.common.errors import ErrorInterceptor
 from radixserve.services.gateway import convert
 from radixserve.services.gateway.frontend import Frontend, FrontendConfig
@@ -86,7 +86,11 @@ class Gateway:
     """The frontend, its backend links and its health, with one lifecycle."""
 
     def __init__(
-        self, backends: BackendAddresses, config: FrontendConfig, metrics: GatewayMetrics
+        self,
+        backends: BackendAddresses,
+        config: FrontendConfig,
+        metrics: GatewayMetrics,
+        secret: str | None = None,
     ) -> None:
         self.metrics = metrics
         self.health: rpc.Health | None = None
@@ -95,6 +99,7 @@ class Gateway:
             backends.scheduler,
             backends.detokenizer,
             on_ready=self._on_ready,
+            metadata=auth.call_metadata(secret),
         )
         self.frontend = Frontend(self.links, config, metrics)
         self.links.events = self.frontend
@@ -127,10 +132,11 @@ async def create_server(
     backends: BackendAddresses,
     config: FrontendConfig | None = None,
     metrics: GatewayMetrics | None = None,
+    secret: str | None = None,
 ) -> Served:
     """Build the gateway on `address` (port 0 picks one) and start connecting to the backends."""
     metrics = metrics or GatewayMetrics()
-    gateway = Gateway(backends, config or FrontendConfig(), metrics)
+    gateway = Gateway(backends, config or FrontendConfig(), metrics, secret)
     server = rpc.create_aio_server([ErrorInterceptor(metrics.on_status)], rpc.PUBLIC_SERVER_OPTIONS)
     pb_grpc.add_GenerateServiceServicer_to_server(GenerateServicer(gateway.frontend), server)
     gateway.health = rpc.Health(server, [SERVICE_NAME])
@@ -146,6 +152,7 @@ async def serve(
     backends: BackendAddresses,
     config: FrontendConfig,
     metrics_port: int | None = None,
+    secret: str | None = None,
 ) -> int:
     """Entry point of `radixserve gateway`: serve until SIGTERM, then drain."""
     from radixserve.services.common.lifecycle import run_until_signal
@@ -153,7 +160,7 @@ async def serve(
     metrics = GatewayMetrics()
     if metrics_port:
         metrics.serve_http(metrics_port)
-    served = await create_server(address, backends, config, metrics)
+    served = await create_server(address, backends, config, metrics, secret)
     await served.server.start()
     log.info("gateway listening on %s (port %d)", address, served.port)
     return await run_until_signal(served.server, served.gateway.drain)

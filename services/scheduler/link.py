@@ -26,9 +26,11 @@ class DetokenizerLink:
         address: str,
         on_aborts: Callable[[list[str]], None],
         on_change: Callable[[bool], None],
+        metadata: tuple[tuple[str, str], ...] = (),
         retry_s: float = 0.5,
     ) -> None:
         self._address = address
+        self._metadata = metadata
         self._on_aborts = on_aborts
         self._on_change = on_change
         self._retry_s = retry_s
@@ -48,7 +50,7 @@ class DetokenizerLink:
                 await asyncio.sleep(self._retry_s)
 
     async def _session(self, stub: pb_grpc.DetokenizerServiceStub) -> None:
-        call = stub.Process(wait_for_ready=True)
+        call = stub.Process(wait_for_ready=True, metadata=self._metadata)
         writer: asyncio.Task[None] | None = None
         try:
             await call.wait_for_connection()

@@ -14,7 +14,7 @@ from radixserve.engine.sampling.params import InvalidRequestError
 from radixserve.internal.common.v1 import common_pb2
 from radixserve.internal.scheduler.v1 import scheduler_pb2 as pb
 from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from radixserve.services.common import rpc
+from radixserve.services.common import auth, rpc
 from radixserve.services.common.errors import ErrorInterceptor, code_number, unavailable
 from radixserve.services.scheduler import convert
 from radixserve.services.scheduler.link import DetokenizerLink
@@ -40,10 +40,14 @@ class SchedulerApp:
         engine_factory: Callable[[], EngineLike],
         detokenizer_address: str,
         loop_config: LoopConfig | None = None,
+        secret: str | None = None,
     ) -> None:
         self._aio = asyncio.get_running_loop()
+        self.secret = secret
         self.loop = EngineLoop(engine_factory, self, loop_config or LoopConfig())
-        self.link = DetokenizerLink(detokenizer_address, self._on_stop_aborts, self._on_link)
+        self.link = DetokenizerLink(
+            detokenizer_address, self._on_stop_aborts, self._on_link, auth.call_metadata(secret)
+        )
         self.health: rpc.Health | None = None
         self.fatal = asyncio.Event()
         self.model_ready = False
@@ -198,7 +202,9 @@ class Served(NamedTuple):
 
 async def create_server(address: str, app: SchedulerApp) -> Served:
     """Build the scheduler server on `address` and start the app (loop thread + link)."""
-    server = rpc.create_aio_server([ErrorInterceptor()], rpc.INTERNAL_SERVER_OPTIONS)
+    server = rpc.create_aio_server(
+        [*auth.interceptors(app.secret), ErrorInterceptor()], rpc.INTERNAL_SERVER_OPTIONS
+    )
     pb_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(app), server)
     app.health = rpc.Health(server, [SERVICE_NAME])
     rpc.enable_reflection(server, [SERVICE_NAME])
@@ -214,6 +220,7 @@ async def serve(
     detokenizer_address: str,
     metrics_port: int | None = None,
     drain_timeout_s: float = 30.0,
+    secret: str | None = None,
 ) -> int:
     """Entry point of `radixserve scheduler`: load the model on the loop thread while health says
     NOT_SERVING, serve, drain on SIGTERM; exit 1 if the engine loop dies."""
@@ -222,7 +229,7 @@ async def serve(
     from radixserve.services.scheduler.metrics import serve_metrics
 
     config = LoopConfig(max_waiting_requests=engine_config.max_queued_requests)
-    app = SchedulerApp(lambda: EngineCore(engine_config), detokenizer_address, config)
+    app = SchedulerApp(lambda: EngineCore(engine_config), detokenizer_address, config, secret)
     served = await create_server(address, app)
     if metrics_port:
         serve_metrics(metrics_port, lambda: app.loop.stats)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import grpc
 from radixserve.internal.tokenizer.v1 import tokenizer_pb2 as pb
 from radixserve.internal.tokenizer.v1 import tokenizer_pb2_grpc as pb_grpc
-from radixserve.services.common import rpc
+from radixserve.services.common import auth, rpc
 from radixserve.services.common.errors import ErrorInterceptor
 from radixserve.services.tokenizer import convert
 from radixserve.services.tokenizer.core import JobFailure, TokenizerCore
@@ -72,9 +72,13 @@ class Served(NamedTuple):
     health: rpc.Health
 
 
-async def create_server(address: str, core: TokenizerCore, workers: int = 2) -> Served:
+async def create_server(
+    address: str, core: TokenizerCore, workers: int = 2, secret: str | None = None
+) -> Served:
     """Build (not start) the tokenizer server on `address`; port 0 picks a free port."""
-    server = rpc.create_aio_server([ErrorInterceptor()], rpc.INTERNAL_SERVER_OPTIONS)
+    server = rpc.create_aio_server(
+        [*auth.interceptors(secret), ErrorInterceptor()], rpc.INTERNAL_SERVER_OPTIONS
+    )
     servicer = TokenizerServicer(core, workers)
     pb_grpc.add_TokenizerServiceServicer_to_server(servicer, server)
     health = rpc.Health(server, [SERVICE_NAME])
@@ -85,12 +89,14 @@ async def create_server(address: str, core: TokenizerCore, workers: int = 2) -> 
     return Served(server, port, health)
 
 
-async def serve(address: str, model_path: str, workers: int = 2) -> int:
+async def serve(
+    address: str, model_path: str, workers: int = 2, secret: str | None = None
+) -> int:
     """Entry point of `radixserve tokenizer`: load, serve, drain on SIGTERM."""
     from radixserve.services.common.lifecycle import run_until_signal
 
     core = TokenizerCore.from_pretrained(model_path)
-    served = await create_server(address, core, workers)
+    served = await create_server(address, core, workers, secret)
     await served.server.start()
     log.info("tokenizer listening on %s (vocab %d)", address, core.info.vocab_size)
     return await run_until_signal(served.server, served.health.shutdown, stop_grace_s=5.0)

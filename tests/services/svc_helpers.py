@@ -281,6 +281,7 @@ class InProcess:
     detokenizer: Any
     engine: Any
     target: str
+    ports: dict[str, int]
 
     async def close(self) -> None:
         for server in self.servers:
@@ -288,7 +289,9 @@ class InProcess:
         self.scheduler_app.loop.stop(5)
 
 
-async def start_in_process(engine: Any, model_path: str, **frontend: Any) -> InProcess:
+async def start_in_process(
+    engine: Any, model_path: str, secret: str | None = None, **frontend: Any
+) -> InProcess:
     import asyncio
 
     from radixserve.services.detokenizer import server as detok_server
@@ -300,16 +303,18 @@ async def start_in_process(engine: Any, model_path: str, **frontend: Any) -> InP
     from radixserve.services.tokenizer.core import TokenizerCore
     from transformers import AutoTokenizer
 
-    tok = await tok_server.create_server("127.0.0.1:0", TokenizerCore.from_pretrained(model_path))
+    core = TokenizerCore.from_pretrained(model_path)
+    tok = await tok_server.create_server("127.0.0.1:0", core, secret=secret)
     factory = detok_server.hf_factory(AutoTokenizer.from_pretrained(model_path))
-    det = await detok_server.create_server("127.0.0.1:0", factory)
+    det = await detok_server.create_server("127.0.0.1:0", factory, secret)
     app = sched_server.SchedulerApp(lambda: engine, f"127.0.0.1:{det.port}",
-                                    LoopConfig(warmup=False, idle_poll_s=0.05))
+                                    LoopConfig(warmup=False, idle_poll_s=0.05), secret)
     sch = await sched_server.create_server("127.0.0.1:0", app)
     backends = gw_server.BackendAddresses(
         f"127.0.0.1:{tok.port}", f"127.0.0.1:{sch.port}", f"127.0.0.1:{det.port}")
     gw = await gw_server.create_server(
-        "127.0.0.1:0", backends, FrontendConfig(**{"drain_timeout_s": 2.0, **frontend}))
+        "127.0.0.1:0", backends, FrontendConfig(**{"drain_timeout_s": 2.0, **frontend}),
+        secret=secret)
     servers = [gw.server, sch.server, det.server, tok.server]
     for server in servers:
         await server.start()
@@ -318,4 +323,5 @@ async def start_in_process(engine: Any, model_path: str, **frontend: Any) -> InP
             break
         await asyncio.sleep(0.05)
     assert gw.gateway.links.ready, "in-process stack did not become ready"
-    return InProcess(servers, gw.gateway, app, det.servicer, engine, f"127.0.0.1:{gw.port}")
+    return InProcess(servers, gw.gateway, app, det.servicer, engine, f"127.0.0.1:{gw.port}",
+                     {"tokenizer": tok.port, "scheduler": sch.port, "detokenizer": det.port})

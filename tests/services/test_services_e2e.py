@@ -202,3 +202,22 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert [r.completed for r in results] == [6, 6] and not any(r.failed for r in results)
     assert all(r.output_tok_s > 0 and r.ttft_ms["p50"] > 0 for r in results)
     assert "TTFT p50" in bench_serving.format_table(results)
+
+
+def test_internal_services_are_private_and_need_the_secret(stack: Stack) -> None:
+    import os
+    import stat
+
+    from radixserve.internal.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from svc_helpers import cmdline
+
+    argv = cmdline(stack.child("scheduler")).split()
+    address = argv[argv.index("--address") + 1]
+    assert address.startswith("unix:")
+    folder = os.path.dirname(address.removeprefix("unix:"))
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    with grpc.insecure_channel(address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -201,3 +201,41 @@ def test_in_flight_cap_is_resource_exhausted(demo_path: str, in_flight: int) -> 
             await stack.close()
 
     asyncio.run(main())
+
+
+def test_internal_rpcs_need_the_shared_secret(demo_path: str) -> None:
+    from radixserve.internal.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from radixserve.internal.tokenizer.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+    from radixserve.services.common.auth import METADATA_KEY
+
+    async def main() -> None:
+        stack = await start_in_process(FakeEngine(), demo_path, secret="s3cret")
+        try:
+            async with grpc.aio.insecure_channel(stack.target) as channel:
+                ok = await acollect(pb_grpc.GenerateServiceStub(channel), request([5], 2))
+                assert ok.code == grpc.StatusCode.OK  # the gateway carries the secret
+            tok_addr = f"127.0.0.1:{stack.ports['tokenizer']}"
+            async with grpc.aio.insecure_channel(tok_addr) as channel:
+                tok = tokenizer_pb2_grpc.TokenizerServiceStub(channel)
+                for metadata in ((), ((METADATA_KEY, "wrong"),), ((METADATA_KEY, "S3CRET"),)):
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await tok.GetTokenizerInfo(tokenizer_pb2.GetTokenizerInfoRequest(),
+                                                   metadata=metadata)
+                    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                info = await tok.GetTokenizerInfo(tokenizer_pb2.GetTokenizerInfoRequest(),
+                                                  metadata=((METADATA_KEY, "s3cret"),))
+                assert info.vocab_size > 0
+                health = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest())  # probes need no secret
+                assert health.status == health_pb2.HealthCheckResponse.SERVING
+            sched_addr = f"127.0.0.1:{stack.ports['scheduler']}"
+            async with grpc.aio.insecure_channel(sched_addr) as channel:
+                call = scheduler_pb2_grpc.SchedulerServiceStub(channel).Submit()
+                await call.write(scheduler_pb2.SubmitRequest(abort_ids=["x"]))
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call.read()
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        finally:
+            await stack.close()
+
+    asyncio.run(main())
