@@ -7,6 +7,7 @@ from typing import Literal
 
 CacheKind = Literal["radix", "naive"]
 SchedulePolicy = Literal["fcfs", "lpm"]
+AdmissionPolicy = Literal["reserve", "optimistic"]
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -25,6 +26,9 @@ class EngineConfig:
     overlap: bool = True
     attention_backend: str = "auto"
     schedule_policy: SchedulePolicy = "fcfs"
+    # "optimistic": admit on prompt + an estimated share of the output, retract under KV pressure
+    # (outputs unchanged); "reserve": reserve pages for max_new_tokens up front (scheduler/admission.py)
+    admission: AdmissionPolicy = "optimistic"
     tp_size: int = 1
     tp_rank: int = 0
     tp_timeout_s: float = 300.0  # a TP collective slower than this means a rank died or hung
@@ -47,6 +51,8 @@ class EngineConfig:
             raise ValueError(f"cache must be 'radix' or 'naive', got {self.cache!r}")
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
+        if self.admission not in ("reserve", "optimistic"):
+            raise ValueError(f"admission must be 'reserve' or 'optimistic', got {self.admission!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not 0 <= self.tp_rank < self.tp_size:

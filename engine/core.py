@@ -208,6 +208,7 @@ class EngineCore:
             "page_size": self.config.page_size,
             "cached_tokens_total": self.cached_tokens_total,
             "prompt_tokens_total": self.prompt_tokens_total,
+            "retractions_total": self.scheduler.retractions_total,
         }
 
     def check_integrity(self) -> None:

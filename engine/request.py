@@ -6,6 +6,9 @@
 cached_len counts tokens whose KV is written by a launched step; device_len counts tokens present in
 the device token pool, including the one a launched step is sampling. The host learns sampled ids
 one step later (output_ids), so output_ids may trail device_len by the in-flight step.
+
+fill_len is how many tokens are prefilled before sampling starts: the prompt, or, for a request
+retracted under KV pressure and admitted again, the prompt plus the outputs it already has.
 """
 
 from __future__ import annotations
@@ -43,10 +46,12 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     matched_stop_token: int | None = None
+    fill_len: int = 0  # set at each admission
     prompt_array: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_array = np.asarray(self.prompt_ids, dtype=np.int32)
+        self.fill_len = len(self.prompt_ids)
 
     @property
     def prompt_len(self) -> int:
@@ -54,7 +59,13 @@ class Req:
 
     @property
     def prefill_done(self) -> bool:
-        return self.device_len > self.prompt_len
+        return self.device_len > self.fill_len
+
+    def known_ids(self) -> np.ndarray:
+        """Prompt plus every output the host has: what an admission prefills (int32)."""
+        if not self.output_ids:
+            return self.prompt_array
+        return np.concatenate([self.prompt_array, np.asarray(self.output_ids, dtype=np.int32)])
 
     @property
     def num_scheduled_outputs(self) -> int:

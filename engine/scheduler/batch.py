@@ -29,8 +29,9 @@ class Batch:
 
     @property
     def phase(self) -> Phase:
-        decode = [s - p == 1 and r.prefill_done and p >= r.prompt_len
-                  for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens)]
+        # Only rows the TP followers can see: a resumed request's one-token last chunk is a decode.
+        decode = [s - p == 1 and smp and p >= r.prompt_len
+                  for r, p, s, smp in zip(self.reqs, self.prefix_lens, self.seq_lens, self.sample)]
         return "decode" if all(decode) else "prefill" if not any(decode) else "mixed"
 
     def __len__(self) -> int:

@@ -1,7 +1,16 @@
 """Scheduling policy: who runs next step, and the page bookkeeping that makes it safe.
 
-Admission reserves pages for a request's whole remaining output, so a running request never
-stalls for lack of KV; cached (evictable) pages count as available because they can be evicted.
+Admission plans pages for a request's prefill plus a share of its remaining output (admission.py):
+all of it under "reserve", so a running request never stalls for lack of KV; an estimate under
+"optimistic", where a step that cannot get pages retracts the most recently admitted requests.
+Cached (evictable) pages count as available because they can be evicted.
+
+A retracted request gives its computed full pages to the prefix cache and goes back to the front
+of the waiting queue with its outputs; admitted again, it prefills prompt + outputs (mostly a cache
+hit) and continues. Draws are counter-based on (seed, output index), so its tokens do not change.
+With overlap, a retracted request may still have a sampled token in flight: that token was drawn
+from a complete context, so the core appends it as usual. Admission therefore pauses for the rest of
+a step that retracted, so no request is admitted again before its in-flight token is known.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.kvcache.base import PrefixCache
 from radixserve.engine.kvcache.table import TableManager
 from radixserve.engine.request import FinishReason, Req, ReqStatus
+from radixserve.engine.scheduler.admission import OutputEstimate
 from radixserve.engine.scheduler.batch import Batch
 
 LPM_WINDOW = 128  # waiting requests scored per step under the longest-prefix-match policy
@@ -31,21 +41,32 @@ class Scheduler:
         self.page_size = config.page_size
         self.table, self.allocator, self.cache = table, allocator, cache
         self.waiting: deque[Req] = deque()
-        self.running: list[Req] = []
+        self.running: list[Req] = []  # in admission order: the tail is retracted first
+        self.estimate = OutputEstimate(config.admission)
+        self.retractions_total = 0
+        self._retracted_this_step = False
 
     # -- accounting -----------------------------------------------------------------------------
     def lifetime_pages(self, prompt_len: int, max_new_tokens: int) -> int:
         return _ceil_div(prompt_len + max_new_tokens, self.page_size)
 
+    def _planned_pages(self, req: Req, fill_len: int) -> int:
+        """Pages the request is planned to end with: its whole prefill plus the planned outputs."""
+        remaining = req.max_new_tokens - (fill_len - req.prompt_len)
+        return _ceil_div(fill_len + self.estimate.planned_outputs(remaining), self.page_size)
+
     def _pages_still_needed(self, req: Req) -> int:
         held = _ceil_div(req.cached_len, self.page_size)
-        return self.lifetime_pages(req.prompt_len, req.max_new_tokens) - held
+        return max(0, self._planned_pages(req, req.fill_len) - held)
 
     def reserved_pages(self) -> int:
         return sum(self._pages_still_needed(r) for r in self.running)
 
     def available_pages(self) -> int:
         return self.allocator.num_free + self.cache.sizes().evictable_pages - self.reserved_pages()
+
+    def _obtainable(self) -> int:
+        return self.allocator.num_free + self.cache.sizes().evictable_pages
 
     def _alloc(self, n: int) -> list[int]:
         short = n - self.allocator.num_free
@@ -57,6 +78,9 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         batch = Batch()
         P = self.page_size
+        self._retracted_this_step = False
+        self.estimate.on_step()
+        self._make_room_for_decodes()
         for req in self.running:
             if req.can_decode:
                 pos = req.cached_len
@@ -66,10 +90,10 @@ class Scheduler:
                 req.cached_len += 1
                 req.device_len += 1
         budget = self.config.max_prefill_tokens
-        for req in self.running:  # a chunked prompt continues before anyone new is admitted
-            if budget > 0 and not req.prefill_done:
+        for req in list(self.running):  # a chunked prompt continues before anyone new is admitted
+            if budget > 0 and req.status is ReqStatus.RUNNING and not req.prefill_done:
                 budget -= self._prefill_chunk(req, batch, budget)
-        while budget > 0 and self.waiting and self.table.num_free_slots > 0:
+        while budget > 0 and self.waiting and self.table.num_free_slots > 0 and not self._retracted_this_step:
             req = self._next_waiting()
             if not self._admit(req):
                 break
@@ -80,13 +104,14 @@ class Scheduler:
         if self.config.schedule_policy == "fcfs":
             return self.waiting[0]
         window = list(self.waiting)[:LPM_WINDOW]
-        return max(window, key=lambda r: self.cache.match(r.prompt_array[: r.prompt_len - 1]).length)
+        return max(window, key=lambda r: self.cache.match(r.known_ids()[:-1]).length)
 
     def _admit(self, req: Req) -> bool:
-        # Match all but the last prompt token: a fully cached prompt still prefills one token.
-        match = self.cache.match(req.prompt_array[: req.prompt_len - 1])
+        ids = req.known_ids()  # the prompt, plus the outputs of a retracted request
+        # Match all but the last token: a fully cached prefill still computes one token and samples.
+        match = self.cache.match(ids[:-1])
         self.cache.lock(match.handle)
-        need = self.lifetime_pages(req.prompt_len, req.max_new_tokens) - match.length // self.page_size
+        need = self._planned_pages(req, len(ids)) - match.length // self.page_size
         if need > self.available_pages():
             self.cache.unlock(match.handle)
             return False
@@ -94,22 +119,59 @@ class Scheduler:
         req.slot = self.table.alloc_slot()
         req.status = ReqStatus.RUNNING
         req.matched_len = req.cached_len = req.device_len = match.length
+        req.fill_len = len(ids)
         req.cache_handle = match.handle
         self.table.set_locations(req.slot, 0, match.locations)
-        self.table.set_tokens(req.slot, 0, req.prompt_ids)
+        self.table.set_tokens(req.slot, 0, ids.tolist())
         self.running.append(req)
         return True
 
     def _prefill_chunk(self, req: Req, batch: Batch, budget: int) -> int:
-        start = req.cached_len
-        end = min(req.prompt_len, start + budget)
-        first_page = _ceil_div(start, self.page_size)
-        self.table.alloc_pages(req.slot, first_page, self._alloc(_ceil_div(end, self.page_size) - first_page))
-        last = end == req.prompt_len
+        P, start = self.page_size, req.cached_len
+        end = min(req.fill_len, start + budget)
+        first_page = _ceil_div(start, P)
+        need = _ceil_div(end, P) - first_page
+        if need > self._obtainable():  # only under "optimistic": admission guarantees it otherwise
+            self._retract_until(need, keep=set(batch.reqs) | {req})
+            end = min(end, (first_page + self._obtainable()) * P)  # what is left: a shorter chunk
+            if end <= start:
+                return 0
+            need = _ceil_div(end, P) - first_page
+        self.table.alloc_pages(req.slot, first_page, self._alloc(need))
+        last = end == req.fill_len
         batch.add(req, start, end, sample=last)
         req.cached_len = end
         req.device_len = end + 1 if last else end
         return end - start
+
+    # -- retraction (optimistic admission) -------------------------------------------------------
+    def _make_room_for_decodes(self) -> None:
+        """Retract until every decode this step that starts a new page can have one."""
+        P = self.page_size
+        while self.estimate.optimistic and len(self.running) > 1:
+            need = sum(1 for r in self.running if r.can_decode and r.cached_len % P == 0)
+            if need <= self._obtainable():
+                return
+            self._retract(self.running[-1])
+
+    def _retract_until(self, pages: int, keep: set[Req]) -> None:
+        """Retract the most recently admitted requests not in `keep` until `pages` are obtainable."""
+        for req in reversed(list(self.running)):
+            if self._obtainable() >= pages or not self.estimate.optimistic:
+                return
+            if req not in keep:
+                self._retract(req)
+
+    def _retract(self, req: Req) -> None:
+        self._release(req)
+        self.running.remove(req)
+        req.status = ReqStatus.WAITING
+        req.matched_len = req.cached_len = req.device_len = 0
+        req.cache_handle = None
+        self.waiting.appendleft(req)  # first in line again; its outputs so far are kept
+        self.retractions_total += 1
+        self._retracted_this_step = True
+        self.estimate.on_retraction()
 
     # -- leaving --------------------------------------------------------------------------------
     def finish(self, req: Req, reason: FinishReason) -> None:
