@@ -43,6 +43,7 @@ CONFIGS = {
     "no_overlap": {"overlap": False},
     "naive_cache": {"cache": "naive"},
     "chunked_page4_no_overlap": {"max_prefill_tokens": 16, "page_size": 4, "overlap": False},
+    "lpm_small_batch": {"schedule_policy": "lpm", "max_running_requests": 4, "max_prefill_tokens": 32},
 }
 
 
