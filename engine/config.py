@@ -8,6 +8,7 @@ from typing import Literal
 CacheKind = Literal["radix", "naive"]
 SchedulePolicy = Literal["fcfs", "lpm"]
 AdmissionPolicy = Literal["reserve", "optimistic"]
+LoadFormat = Literal["auto", "dummy"]
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -37,6 +38,7 @@ class EngineConfig:
     cpu_kv_tokens: int = 65536  # KV capacity in tokens when num_pages is None on CPU
     cuda_graph: bool = True
     cuda_graph_max_batch: int = 256
+    load_format: LoadFormat = "auto"  # "dummy": random weights from config.json alone (benchmarks)
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -49,6 +51,10 @@ class EngineConfig:
             raise ValueError("num_pages must be >= 2")
         if self.cache not in ("radix", "naive"):
             raise ValueError(f"cache must be 'radix' or 'naive', got {self.cache!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.cuda_graph_max_batch < 1:
+            raise ValueError("cuda_graph_max_batch must be >= 1")
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
         if self.admission not in ("reserve", "optimistic"):

@@ -1,26 +1,38 @@
 """Device work for one step: gather inputs from the device tables, run the model, sample.
 
 Nothing here waits for the host: inputs come from the token pool / page table on the device, and
-sampled ids go back into the token pool before an async copy brings them to the host.
+sampled ids go back into the token pool before an async copy brings them to pinned host memory.
+
+On CUDA every step runs on one dedicated compute stream, while the host goes on to schedule the
+next step; an event per step marks when its sampled ids have reached the host. Keeping *all* device
+work of the engine (table writes, forward, sampling) on that one stream is what makes freeing KV
+pages early safe: pages of a request that finished in step N are handed out again only to a later
+step, whose writes the stream orders after every read of the steps still in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass
-
 import torch
 
 from radixserve.engine.attention import StepLayout, create_backend
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.context import ForwardContext, forward_context
+from radixserve.engine.cuda_graph import CudaGraphRunner, graph_batch_sizes
 from radixserve.engine.distributed import get_comm
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.kvcache.table import TableManager
+from radixserve.engine.memory import graph_reserve_bytes, kv_page_bytes, plan_kv_pages, profile_activation_bytes
 from radixserve.engine.models.config import ModelArgs
+from radixserve.engine.models.dummy import init_dummy_model
 from radixserve.engine.models.loader import load_model
 from radixserve.engine.sampling.batch import build_sampling_batch
 from radixserve.engine.sampling.sampler import Sampler, SampleOutput
 from radixserve.engine.scheduler.batch import Batch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,60 +53,111 @@ class Engine:
                  eos_ids: tuple[int, ...]) -> None:
         self.config, self.args, self.device, self.dtype = config, args, device, dtype
         self.eos_ids = eos_ids
-        self.model = load_model(config.model_path, dtype, device)
+        cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if cuda else None
+        if config.load_format == "dummy":
+            self.model = init_dummy_model(config.model_path, dtype, device, config.seed)
+        else:
+            self.model = load_model(config.model_path, dtype, device)
         attn = self.model.model.layers[0].self_attn
-        # TP ranks must agree on the pool size (free memory differs per GPU): take the smallest.
-        self.num_pages = config.num_pages or get_comm().min_over_ranks(
-            self._auto_num_pages(attn.num_kv_heads))
-        self.kv_pool = KVCachePool(args.num_layers, self.num_pages, config.page_size, attn.num_kv_heads,
-                                   args.head_dim, dtype, device)
         self.max_context = config.max_context or args.max_position_embeddings
         self.table = TableManager(config.max_running_requests, self.max_context, config.page_size, device)
         self.backend = create_backend(config.attention_backend, attn.num_heads, attn.num_kv_heads,
-                                      args.head_dim, device)
+                                      args.head_dim, device, dtype)
         self.sampler = Sampler(args.vocab_size, device)
+        graph_sizes = self._graph_sizes()
+        # TP ranks must agree on the pool size (free memory differs per GPU): take the smallest.
+        self.num_pages = config.num_pages or get_comm().min_over_ranks(
+            self._auto_num_pages(attn.num_kv_heads, graph_sizes))
+        # One page past the allocator's range belongs to no request: padded graph rows write there.
+        self.kv_pool = KVCachePool(args.num_layers, self.num_pages + 1, config.page_size, attn.num_kv_heads,
+                                   args.head_dim, dtype, device)
+        if self.stream is not None:  # weights, tables and pool were written on the default stream
+            self.stream.wait_stream(torch.cuda.current_stream(device))
+        self.graphs: CudaGraphRunner | None = None
+        self.graph_bytes = 0
+        if graph_sizes and self.stream is not None:
+            self.graphs = CudaGraphRunner(self.model, self.backend, self.kv_pool, self.table, graph_sizes,
+                                          self.num_pages, self.stream)
+            self.graph_bytes = self.graphs.capture(progress=get_comm().rank == 0)
 
-    def _auto_num_pages(self, num_kv_heads: int) -> int:
-        P = self.config.page_size
-        per_page = 2 * self.args.num_layers * P * num_kv_heads * self.args.head_dim * self.dtype.itemsize
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return max(2, int(free * self.config.memory_fraction) // per_page)
-        return max(2, self.config.cpu_kv_tokens // P)
+    def _graph_sizes(self) -> list[int]:
+        c = self.config
+        if self.device.type != "cuda" or not c.cuda_graph or c.tp_size > 1:
+            return []
+        if not self.backend.supports_cuda_graph:
+            log.warning("attention backend %s cannot run in CUDA graphs; decoding eagerly",
+                        type(self.backend).__name__)
+            return []
+        return graph_batch_sizes(min(c.cuda_graph_max_batch, c.max_running_requests))
+
+    def _auto_num_pages(self, num_kv_heads: int, graph_sizes: list[int]) -> int:
+        c = self.config
+        P = c.page_size
+        if self.device.type != "cuda":
+            return max(2, c.cpu_kv_tokens // P)
+        page_bytes = kv_page_bytes(self.args.num_layers, P, num_kv_heads, self.args.head_dim, self.dtype)
+        activations = profile_activation_bytes(self.model, self.backend, c.max_prefill_tokens + c.max_running_requests,
+                                               c.max_running_requests, P, self.dtype, self.device)
+        graphs = graph_reserve_bytes(graph_sizes, self.args.vocab_size, self.dtype, self.table.width // P)
+        return plan_kv_pages(page_bytes, c.memory_fraction, activations, graphs, self.device).num_pages
+
+    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> ForwardOutput:
+        with self._on_stream():
+            return self._forward(batch)
+
+    def _forward(self, batch: Batch) -> ForwardOutput:
         dev, table = self.device, self.table
         table.flush()
         prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64)
         seq = torch.tensor(batch.seq_lens, dtype=torch.int64)
         ext = seq - prefix
-        slots = torch.tensor([r.slot for r in batch.reqs], dtype=torch.int64)
+        slot_list = [r.slot for r in batch.reqs]
+        slots = torch.tensor(slot_list, dtype=torch.int64)
+        slots_d = slots.to(dev, non_blocking=True)
+        rows = [i for i, s in enumerate(batch.sample) if s]
         T = int(ext.sum())
         starts = torch.cumsum(ext, 0) - ext
-        pos = torch.repeat_interleave(prefix - starts, ext) + torch.arange(T)  # (T,) absolute positions
-        slot_tok = torch.repeat_interleave(slots, ext)
-        pos_d, slot_tok_d = pos.to(dev, non_blocking=True), slot_tok.to(dev, non_blocking=True)
-        input_ids = table.token_pool[slot_tok_d, pos_d]
-        out_loc = table.page_table[slot_tok_d, pos_d]
-        layout = StepLayout(slots.to(dev, non_blocking=True), batch.prefix_lens, batch.seq_lens, out_loc,
-                            table.page_table, self.config.page_size)
-        meta = self.backend.prepare(layout)
-        with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
-            hidden = self.model(input_ids, pos_d)
-        rows = [i for i, s in enumerate(batch.sample) if s]
-        if not rows:
-            return ForwardOutput(rows, SampleOutput(torch.empty(0, dtype=torch.int64), None, None, None), None)
-        last = (starts + ext - 1)[rows].to(dev, non_blocking=True)
-        logits = self.model.compute_logits(hidden[last]).float()  # (S, V)
+        graph_layout = StepLayout(slots_d, batch.prefix_lens, batch.seq_lens, slots_d, table.page_table,
+                                  self.config.page_size)
+        if self.graphs is not None and T == len(slot_list) and self.graphs.can_run(graph_layout):
+            logits = self.graphs.replay(slot_list, graph_layout)  # (B, V), every row one new token
+            if not rows:
+                return self._no_samples()
+            if len(rows) < len(slot_list):
+                logits = logits[torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)]
+        else:
+            pos = torch.repeat_interleave(prefix - starts, ext) + torch.arange(T)  # (T,) absolute positions
+            slot_tok = torch.repeat_interleave(slots, ext)
+            pos_d, slot_tok_d = pos.to(dev, non_blocking=True), slot_tok.to(dev, non_blocking=True)
+            input_ids = table.token_pool[slot_tok_d, pos_d]
+            out_loc = table.page_table[slot_tok_d, pos_d]
+            layout = StepLayout(slots_d, batch.prefix_lens, batch.seq_lens, out_loc, table.page_table,
+                                self.config.page_size)
+            meta = self.backend.prepare(layout)
+            with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
+                hidden = self.model(input_ids, pos_d)
+            if not rows:
+                return self._no_samples()
+            last = (starts + ext - 1)[rows].to(dev, non_blocking=True)
+            logits = self.model.compute_logits(hidden[last])
         sb = build_sampling_batch(batch, rows, self.eos_ids, dev)
-        out = self.sampler(logits, sb, table.token_pool)
+        out = self.sampler(logits.float(), sb, table.token_pool)  # (S, V) float32 in
         sample_slots = slots[rows].to(dev, non_blocking=True)
         sample_pos = seq[rows].to(dev, non_blocking=True)
         table.token_pool[sample_slots, sample_pos] = out.tokens
         return self._to_host(rows, out)
 
+    @staticmethod
+    def _no_samples() -> ForwardOutput:
+        return ForwardOutput([], SampleOutput(torch.empty(0, dtype=torch.int64), None, None, None), None)
+
     def _to_host(self, rows: list[int], out: SampleOutput) -> ForwardOutput:
+        # non_blocking device-to-host copies land in pinned buffers; the event says when.
         host = SampleOutput(*(t.to("cpu", non_blocking=True) if t is not None else None for t in out))
         ready = None
         if self.device.type == "cuda":

@@ -41,10 +41,15 @@ class AttentionMetadata:
 
 
 class AttentionBackend(ABC):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device) -> None:
+    # Backends that can run a padded decode batch inside a CUDA graph set this and implement the
+    # three graph methods below.
+    supports_cuda_graph: bool = False
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
-        self.device = device
+        self.device, self.dtype = device, dtype
 
     @abstractmethod
     def prepare(self, layout: StepLayout) -> AttentionMetadata:
@@ -57,3 +62,46 @@ class AttentionBackend(ABC):
 
         Shapes: q (T, nh, hd), k and v (T, nkv, hd) -> (T, nh, hd).
         """
+
+    # -- CUDA graphs (decode only) ----------------------------------------------------------------
+    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int, dummy_page: int) -> None:
+        """Allocate the static buffers that captured decode graphs read.
+
+        `dummy_page` is a KV page no request owns: padded rows attend to it and write into it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> AttentionMetadata:
+        """Metadata captured into the graph for a padded decode batch of `batch_size` rows.
+
+        out_loc: (batch_size,) static buffer that holds the KV locations of the new tokens.
+        Planned for a placeholder batch, so the capture itself can run.
+        """
+        raise NotImplementedError
+
+    def plan_graph(self, batch_size: int, layout: StepLayout) -> None:
+        """Re-plan the captured metadata of `batch_size` for a real decode layout of B <= batch_size
+        rows (rows past B are padding). Runs outside the graph, before each replay."""
+        raise NotImplementedError
+
+
+def pages_per_request(seq_lens: list[int], page_size: int) -> list[int]:
+    return [-(-s // page_size) for s in seq_lens]
+
+
+def page_indices(page_table: torch.Tensor, slots: torch.Tensor, num_pages: list[int],
+                 page_size: int) -> torch.Tensor:
+    """Physical page ids of each request's pages, concatenated: (sum(num_pages),) int32, device.
+
+    Valid because locations are page-granular: location(pos) = page(pos // P) * P + pos % P, so a
+    page's id is its first slot's location // P. Built on the device without a host sync.
+    """
+    dev = page_table.device
+    counts = torch.tensor(num_pages, dtype=torch.int64)
+    n = int(counts.sum())
+    starts = torch.cumsum(counts, 0) - counts
+    counts_d = counts.to(dev, non_blocking=True)
+    rows = torch.repeat_interleave(slots, counts_d, output_size=n)  # (n,) slot of each page
+    first = torch.repeat_interleave(starts.to(dev, non_blocking=True), counts_d, output_size=n)
+    cols = (torch.arange(n, device=dev) - first) * page_size  # (n,) first position of each page
+    return (page_table[rows, cols] // page_size).to(torch.int32)

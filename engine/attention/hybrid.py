@@ -21,8 +21,10 @@ class HybridMetadata(AttentionMetadata):
 
 class HybridBackend(AttentionBackend):
     def __init__(self, prefill: AttentionBackend, decode: AttentionBackend) -> None:
-        super().__init__(prefill.num_heads, prefill.num_kv_heads, prefill.head_dim, prefill.device)
+        super().__init__(prefill.num_heads, prefill.num_kv_heads, prefill.head_dim, prefill.device,
+                         prefill.dtype)
         self.prefill, self.decode = prefill, decode
+        self.supports_cuda_graph = decode.supports_cuda_graph  # graphs only ever run decode steps
 
     def prepare(self, layout: StepLayout) -> HybridMetadata:
         backend = self.decode if layout.is_decode else self.prefill
@@ -32,3 +34,12 @@ class HybridBackend(AttentionBackend):
                 meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, HybridMetadata)
         return meta.backend.forward(q, k, v, layer_id, meta.inner, kv_pool)
+
+    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int, dummy_page: int) -> None:
+        self.decode.init_cuda_graph(max_batch, max_pages_per_req, page_size, dummy_page)
+
+    def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> HybridMetadata:
+        return HybridMetadata(self.decode, self.decode.graph_metadata(batch_size, out_loc))
+
+    def plan_graph(self, batch_size: int, layout: StepLayout) -> None:
+        self.decode.plan_graph(batch_size, layout)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from radixserve.engine.kvcache import store_kernel
+
 
 class KVCachePool:
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
@@ -12,9 +14,13 @@ class KVCachePool:
         shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, locations, nkv, hd)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.fused_store = store_kernel.available(self.k)  # one Triton launch for k and v on CUDA
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """loc: (T,) int64 locations; k, v: (T, nkv, hd)."""
+        if self.fused_store and store_kernel.packed(k) and store_kernel.packed(v):
+            store_kernel.store_kv(self.k[layer_id], self.v[layer_id], loc, k, v)
+            return
         self.k[layer_id].index_copy_(0, loc, k.to(self.k.dtype))
         self.v[layer_id].index_copy_(0, loc, v.to(self.v.dtype))
 

@@ -1,0 +1,148 @@
+"""FlashInfer paged attention: one wrapper planned per step, reused by every layer.
+
+KVCachePool keeps k and v as (layers, pages * P, nkv, hd); one layer's slice reshapes without a copy
+to FlashInfer's NHD paged layout (pages, P, nkv, hd). Page ids come from the token-level page table
+(`page_indices`). Steps whose rows all add one token plan the decode kernel; any other step plans
+the causal paged prefill kernel, which also serves chunked prefill over cached prefixes (queries sit
+at the end of their request's KV, as our StepLayout defines them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixserve.engine.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    StepLayout,
+    page_indices,
+    pages_per_request,
+)
+
+if TYPE_CHECKING:
+    from radixserve.engine.kvcache.pool import KVCachePool
+
+WORKSPACE_BYTES = 128 << 20  # FlashInfer's split-KV scratch, shared by every wrapper (one stream)
+
+
+def _indptr(lengths: list[int]) -> torch.Tensor:
+    """(n + 1,) int32 host prefix sums; host tensors keep FlashInfer's planning free of syncs."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    return out
+
+
+def _last_page_lens(seq_lens: list[int], num_pages: list[int], page_size: int) -> torch.Tensor:
+    return torch.tensor([s - (n - 1) * page_size for s, n in zip(seq_lens, num_pages)], dtype=torch.int32)
+
+
+class _Planner:
+    """A wrapper whose plan() alternates two pinned host buffers.
+
+    FlashInfer writes its schedule into a pinned buffer and copies it to the device on the stream.
+    With one step in flight, the next step is planned before that copy may have run; a second
+    buffer keeps the pending copy's source intact (two steps back has always completed).
+    """
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+        first = wrapper._pin_memory_int_workspace_buffer
+        self._pinned = [first, torch.empty_like(first, pin_memory=True)]
+        self._turn = 0
+
+    def plan(self, *args: Any, **kwargs: Any) -> None:
+        self._turn ^= 1
+        self.wrapper._pin_memory_int_workspace_buffer = self._pinned[self._turn]
+        self.wrapper.plan(*args, **kwargs)
+
+
+@dataclass
+class FlashInferMetadata(AttentionMetadata):
+    out_loc: torch.Tensor  # (T,) KV locations of the new tokens
+    wrapper: Any  # the planned BatchPrefill/BatchDecode wrapper
+
+
+class FlashInferBackend(AttentionBackend):
+    supports_cuda_graph = True
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
+        import flashinfer
+
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"flashinfer attention needs bfloat16 or float16, not {dtype}")
+        super().__init__(num_heads, num_kv_heads, head_dim, device, dtype)
+        self._fi = flashinfer
+        self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._prefill = _Planner(flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD"))
+        self._decode = _Planner(flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD"))
+        self._graphs: dict[int, _Planner] = {}
+        self._dummy_page = -1
+
+    def _heads(self) -> dict[str, Any]:
+        return dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
+
+    def prepare(self, layout: StepLayout) -> FlashInferMetadata:
+        P, seq = layout.page_size, layout.seq_lens
+        npages = pages_per_request(seq, P)
+        kv_indptr, last = _indptr(npages), _last_page_lens(seq, npages, P)
+        indices = page_indices(layout.page_table, layout.slots, npages, P)
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        if layout.is_decode:
+            planner = self._decode
+            planner.plan(kv_indptr, indices, last, nh, nkv, hd, P, **self._heads())
+        else:
+            planner = self._prefill
+            planner.plan(_indptr(layout.extend_lens), kv_indptr, indices, last, nh, nkv, hd, P,
+                         causal=True, **self._heads())
+        return FlashInferMetadata(layout.out_loc, planner.wrapper)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+        assert isinstance(meta, FlashInferMetadata)
+        kv_pool.store(layer_id, meta.out_loc, k, v)
+        P = kv_pool.page_size
+        k_pages = kv_pool.k[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)  # (pages, P, nkv, hd)
+        v_pages = kv_pool.v[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)
+        return meta.wrapper.run(q.contiguous(), (k_pages, v_pages))  # (T, nh, hd)
+
+    # -- CUDA graphs ----------------------------------------------------------------------------
+    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int, dummy_page: int) -> None:
+        dev = self.device
+        self._dummy_page, self._page_size = dummy_page, page_size
+        # Shared by every captured batch size: replays run one at a time on one stream.
+        self._g_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device=dev)
+        self._g_last = torch.ones(max_batch, dtype=torch.int32, device=dev)
+        self._g_indices = torch.full((max_batch * max_pages_per_req,), dummy_page, dtype=torch.int32, device=dev)
+
+    def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> FlashInferMetadata:
+        wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
+            self._workspace, "NHD", use_cuda_graph=True,
+            paged_kv_indptr_buffer=self._g_indptr[: batch_size + 1],
+            paged_kv_indices_buffer=self._g_indices,
+            paged_kv_last_page_len_buffer=self._g_last[:batch_size])
+        planner = _Planner(wrapper)
+        self._graphs[batch_size] = planner
+        self._plan_padded(planner, batch_size, [], [], None)  # placeholder: every row is padding
+        return FlashInferMetadata(out_loc, wrapper)
+
+    def plan_graph(self, batch_size: int, layout: StepLayout) -> None:
+        P = layout.page_size
+        assert P == self._page_size, "graphs were captured for another page size"
+        npages = pages_per_request(layout.seq_lens, P)
+        self._plan_padded(self._graphs[batch_size], batch_size, layout.seq_lens, npages,
+                          page_indices(layout.page_table, layout.slots, npages, P))
+
+    def _plan_padded(self, planner: _Planner, batch_size: int, seq_lens: list[int], npages: list[int],
+                     real: torch.Tensor | None) -> None:
+        page_size = self._page_size
+        # Rows past the real batch attend to one token of the dummy page (written by nobody else).
+        pad = batch_size - len(seq_lens)
+        fill = torch.full((pad,), self._dummy_page, dtype=torch.int32, device=self.device)
+        indices = fill if real is None else torch.cat([real, fill]) if pad else real
+        last = torch.cat([_last_page_lens(seq_lens, npages, page_size), torch.ones(pad, dtype=torch.int32)])
+        planner.plan(_indptr(npages + [1] * pad), indices, last, self.num_heads, self.num_kv_heads,
+                     self.head_dim, page_size, **self._heads())

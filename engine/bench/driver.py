@@ -1,0 +1,100 @@
+"""Drive an EngineCore directly with token ids (no tokenizer in the loop) and time every token.
+
+Arrival times are host clock readings when a step hands a token back; with overlap on, that is
+one step after the device made it, the same delay a client would see.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.core import EngineCore
+from radixserve.engine.sampling.params import SamplingParams
+
+
+def build_core(model_dir: str | Path, **config: Any) -> EngineCore:
+    """An engine on random weights for the folder's config.json (no checkpoint needed)."""
+    config = {"load_format": "dummy", **config}
+    return EngineCore(EngineConfig(model_path=str(model_dir), **config))
+
+
+def release(core: EngineCore | None) -> None:
+    """Drop an engine and give its device memory back before the next one is built."""
+    del core
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class Run:
+    wall_s: float
+    submitted: dict[str, float] = field(default_factory=dict)
+    token_times: dict[str, list[float]] = field(default_factory=dict)
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(t) for t in self.token_times.values())
+
+    def itl(self, rids: Sequence[str] | None = None) -> list[float]:
+        """Inter-token latencies (s) of the given requests (all by default)."""
+        out: list[float] = []
+        for rid in rids if rids is not None else list(self.token_times):
+            t = self.token_times[rid]
+            out += [b - a for a, b in zip(t, t[1:])]
+        return out
+
+    def ttft(self, rids: Sequence[str] | None = None) -> list[float]:
+        return [self.token_times[r][0] - self.submitted[r] for r in (rids or list(self.token_times))]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def drive(core: EngineCore, requests: Sequence[tuple[list[int], SamplingParams]],
+          arrival_steps: Sequence[int] | None = None, prefix: str = "r") -> Run:
+    """Submit request i at step arrival_steps[i] (all at step 0 by default) and run to completion."""
+    arrivals = list(arrival_steps) if arrival_steps is not None else [0] * len(requests)
+    order = sorted(range(len(requests)), key=lambda i: arrivals[i])
+    run = Run(0.0)
+    start = time.perf_counter()
+    step, nxt = 0, 0
+    while nxt < len(order) or core.has_work():
+        while nxt < len(order) and arrivals[order[nxt]] <= step:
+            i = order[nxt]
+            rid = f"{prefix}{i}"
+            core.add_request(rid, requests[i][0], requests[i][1])
+            run.submitted[rid], run.token_times[rid] = time.perf_counter(), []
+            nxt += 1
+        for out in core.step():
+            now = time.perf_counter()
+            run.token_times[out.rid] += [now] * len(out.token_ids)
+            if out.finish_reason is not None:
+                run.cached_tokens += out.cached_tokens
+                run.prompt_tokens += out.prompt_tokens
+        step += 1
+    run.wall_s = time.perf_counter() - start
+    return run
+
+
+def greedy_params(max_new_tokens: int, temperature: float = 0.0, seed: int | None = None) -> SamplingParams:
+    return SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True, seed=seed)

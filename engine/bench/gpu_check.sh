@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Correctness checks and benchmarks on the GPU machine, in one call. Run from the repository root
+# with the FlashInfer wheels in .whl/ (and, if an earlier run returned it, its JIT cache in .ficache/).
+#   bash engine/bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels
+# Results: $OUT/log.txt (everything), $OUT/results.jsonl (one JSON line per figure).
+set -u
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+LOG="$OUT/log.txt"
+export PYTHONUNBUFFERED=1 RADIXSERVE_TEST_RESULTS="$OUT/results.jsonl"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+# radixserve.* import names map onto the project folders (setup.py's package-dir) through links.
+SHIM=/tmp/shim/radixserve
+mkdir -p "$SHIM"
+for pair in engine:engine native:native services:services client:clients/python/radixserve/client \
+            internal:protos/gen/radixserve/internal; do
+  ln -sfn "$PWD/${pair#*:}" "$SHIM/${pair%%:*}"
+done
+export PYTHONPATH=/tmp/shim:/tmp/site
+FI_HOME="$HOME/.cache/flashinfer"
+if ls .ficache/fi.tgz.part* >/dev/null 2>&1; then
+  cat .ficache/fi.tgz.part* | tar xzf - -C "$HOME" && find "$FI_HOME" -path '*cached_ops*' -type f -exec touch -d '+2 hours' {} +
+  echo "restored flashinfer JIT cache: $(du -sh "$FI_HOME" | cut -f1)" | tee -a "$LOG"
+fi
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv;
+  python3 -c "import torch, triton, flashinfer, transformers as t; print('torch', torch.__version__, 'triton', triton.__version__, 'flashinfer', flashinfer.__version__, 'transformers', t.__version__)"; } 2>&1 | tee -a "$LOG"
+
+stage() {  # stage NAME SECONDS CMD...: one stage's failure or timeout never stops the next
+  local name=$1 secs=$2; shift 2
+  echo "=== $name ($(date -u +%T), limit ${secs}s): $*" | tee -a "$LOG"
+  local t0=$SECONDS
+  timeout "$secs" "$@" 2>&1 | tee -a "$LOG" | grep -v -e '^DEBUG' -e 'Warning' | tail -n 40
+  echo "=== $name done in $((SECONDS - t0))s, rc ${PIPESTATUS[0]}" | tee -a "$LOG"
+}
+suite() { python3 -m radixserve.engine.bench.suite --out "$OUT/results.jsonl" "$@"; }
+
+for s in "$@"; do
+  case $s in
+    tests) stage tests 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
+             tests/engine/test_backends_gpu.py tests/engine/test_engine_gpu.py ;;
+    cache) if [ ! -d .ficache ]; then  # return the JIT cache only if it fits what comes back (60 MB)
+             tar czf /tmp/fi.tgz -C "$HOME" .cache/flashinfer; ls -la /tmp/fi.tgz | tee -a "$LOG"
+             [ "$(stat -c %s /tmp/fi.tgz)" -le 62914560 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz.part"
+           fi ;;
+    kernels) stage kernels 120 python3 -m radixserve.engine.bench.kernels --out "$OUT/results.jsonl" ;;
+    small) stage small 300 suite --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
+    big) stage big 240 suite --model qwen3-8b --parts latency,offline ;;
+    extra) stage extra 400 suite --model qwen3-0.6b --parts prefix,long,hf ;;
+    *) stage "$s" 300 suite ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
+  esac
+done
+du -sh "$OUT"/* 2>/dev/null

@@ -1,0 +1,101 @@
+"""Decode steps replayed from CUDA graphs, one captured per padded batch size at start-up.
+
+A decode step launches a few hundred small kernels; replaying them as one graph removes the host's
+launch cost. Each graph reads static buffers only: the rows' slots and positions (input ids and KV
+locations are gathered from the device tables inside the graph) and the backend's decode metadata,
+which `plan_graph` rewrites before each replay. A batch of B rows runs in the smallest captured size
+>= B; padded rows read slot 0 and write their K/V into a dummy page that no request owns.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+import torch
+
+from radixserve.engine.attention import AttentionBackend, AttentionMetadata, StepLayout
+from radixserve.engine.context import ForwardContext, forward_context
+from radixserve.engine.kvcache.pool import KVCachePool
+from radixserve.engine.kvcache.table import TableManager
+from radixserve.engine.models.base import CausalLM
+
+log = logging.getLogger(__name__)
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 8 to 64, of 16 to 256, of 32 beyond (padding waste under 20% past 8)."""
+    sizes = [1, 2, 4, 8] + list(range(16, 65, 8)) + list(range(80, 257, 16)) + list(range(288, 1025, 32))
+    out = [s for s in sizes if s < max_batch]
+    return out + [max_batch] if max_batch >= 1 else out
+
+
+class CudaGraphRunner:
+    def __init__(self, model: CausalLM, backend: AttentionBackend, kv_pool: KVCachePool, table: TableManager,
+                 batch_sizes: list[int], dummy_page: int, stream: torch.cuda.Stream) -> None:
+        assert batch_sizes, "no batch sizes to capture"
+        self.model, self.backend, self.kv_pool, self.table = model, backend, kv_pool, table
+        self.sizes = sorted(batch_sizes)
+        self.max_batch = self.sizes[-1]
+        self.stream = stream
+        self.dummy_loc = dummy_page * kv_pool.page_size
+        dev = table.page_table.device
+        G = self.max_batch
+        self.inputs = torch.zeros(3, G, dtype=torch.int64, device=dev)  # rows: slot, position, valid
+        self.out_loc = torch.full((G,), self.dummy_loc, dtype=torch.int64, device=dev)
+        P = kv_pool.page_size
+        backend.init_cuda_graph(G, table.width // P, P, dummy_page)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}  # (bs, V) outputs, owned by the graph pool
+
+    def capture(self, progress: bool = True) -> int:
+        """Capture every size (largest first, so smaller ones reuse its pool). Returns bytes taken."""
+        from tqdm import tqdm
+
+        dev = self.inputs.device
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_reserved(dev)
+        pool = torch.cuda.graph_pool_handle()
+        sizes = list(reversed(self.sizes))
+        for bs in tqdm(sizes, desc="Capturing CUDA graphs", disable=not progress, unit="graph"):
+            meta = self.backend.graph_metadata(bs, self.out_loc[:bs])
+            with torch.cuda.stream(self.stream):
+                for _ in range(2):  # warm-up outside capture: lazy inits, autotuning, JIT loads
+                    self._body(bs, meta)
+            self.stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=self.stream):
+                self.logits[bs] = self._body(bs, meta)
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(dev)
+        used = torch.cuda.memory_reserved(dev) - before
+        log.info("captured %d CUDA graphs (batch %d..%d), %.0f MiB", len(sizes), self.sizes[0],
+                 self.max_batch, used / 2**20)
+        return used
+
+    @torch.inference_mode()
+    def _body(self, bs: int, meta: AttentionMetadata) -> torch.Tensor:
+        slots, positions, valid = self.inputs[0, :bs], self.inputs[1, :bs], self.inputs[2, :bs]
+        ids = self.table.token_pool[slots, positions]  # (bs,)
+        loc = self.table.page_table[slots, positions]
+        self.out_loc[:bs].copy_(torch.where(valid > 0, loc, self.dummy_loc))
+        with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
+            hidden = self.model(ids, positions)
+        return self.model.compute_logits(hidden)  # (bs, V)
+
+    def can_run(self, layout: StepLayout) -> bool:
+        return len(layout.seq_lens) <= self.max_batch and layout.is_decode
+
+    def replay(self, slots: list[int], layout: StepLayout) -> torch.Tensor:
+        """Run a decode step of B rows from its graph; returns (B, V) logits (graph-owned: read them
+        before the next replay). Call on the engine's stream."""
+        B = len(slots)
+        bs = self.sizes[bisect.bisect_left(self.sizes, B)]
+        host = torch.zeros(3, bs, dtype=torch.int64)
+        host[0, :B] = torch.tensor(slots, dtype=torch.int64)
+        host[1, :B] = torch.tensor(layout.prefix_lens, dtype=torch.int64)  # the one new token's position
+        host[2, :B] = 1
+        self.inputs[:, :bs].copy_(host, non_blocking=True)
+        self.backend.plan_graph(bs, layout)
+        self.graphs[bs].replay()
+        return self.logits[bs][:B]

@@ -1,0 +1,144 @@
+"""CPU checks of the attention plumbing: page ids from the token-level table, the float64 reference
+against the torch backend, and the `fa` backend's index math against a torch stand-in of the
+flash-attn API (the real library needs a GPU; test_backends_gpu.py runs it where installed)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from attention_cases import LAYER, check_store, make_case, reference, rel_error
+from radixserve.engine.attention import create_backend, resolve_backend_name
+from radixserve.engine.attention.base import page_indices, pages_per_request
+from radixserve.engine.cuda_graph import graph_batch_sizes
+
+CPU = torch.device("cpu")
+NH, NKV, HD = 4, 2, 16
+KINDS = ["prefill", "chunked", "decode", "mixed"]
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_page_indices_follow_the_token_table(page_size):
+    case = make_case("mixed", 6, page_size, NH, NKV, HD, torch.float32, CPU, seed=3)
+    lay = case.layout
+    npages = pages_per_request(lay.seq_lens, page_size)
+    got = page_indices(lay.page_table, lay.slots, npages, page_size).tolist()
+    want = [int(lay.page_table[s, j * page_size]) // page_size
+            for s, n in zip(case.slots, npages) for j in range(n)]
+    assert got == want
+    assert len(set(got)) == len(got), "requests share no page in these cases"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_torch_backend_matches_float64(kind, page_size):
+    b = create_backend("torch", NH, NKV, HD, CPU, torch.float32)
+    case = make_case(kind, 5, page_size, NH, NKV, HD, torch.float32, CPU, seed=11)
+    out = b.forward(case.q, case.k, case.v, LAYER, b.prepare(case.layout), case.pool)
+    assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
+    check_store(case)
+
+
+def test_auto_is_torch_without_cuda_or_16_bit():
+    assert resolve_backend_name("auto", CPU, torch.bfloat16) == "torch"
+    assert resolve_backend_name("auto", torch.device("cuda"), torch.float32) == "torch"
+
+
+def test_graph_batch_sizes():
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+    sizes = graph_batch_sizes(256)
+    assert sizes[-1] == 256 and sizes == sorted(set(sizes))
+    assert all(b / a <= 2 for a, b in zip(sizes, sizes[1:]))
+
+
+# -- a torch stand-in for the flash-attn API (semantics as documented by flash-attn 2 and 3) -------
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q (m, nh, hd), k/v (n, nkv, hd); causal, queries aligned with the end of the keys."""
+    group = q.size(1) // k.size(1)
+    k, v = k.repeat_interleave(group, 1).double(), v.repeat_interleave(group, 1).double()
+    s = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    m, n = q.size(0), k.size(0)
+    s = s.masked_fill(torch.arange(n)[None, :] > torch.arange(n - m, n)[:, None], -math.inf)
+    return torch.einsum("hqk,khd->qhd", s.softmax(-1), v).to(q.dtype)
+
+
+def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False, **_):
+    assert causal and q.dtype == k.dtype
+    outs = [_attend(q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]], softmax_scale)
+            for i in range(len(cu_q) - 1)]
+    return torch.cat(outs)
+
+
+def _paged_keys(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:
+    P = cache.size(1)
+    pages = table_row[: -(-n // P)].long()
+    return cache[pages].reshape(-1, cache.size(2), cache.size(3))[:n]
+
+
+def _with_kvcache_fa2(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
+                      causal=False, **_):
+    assert causal and block_table is not None and k_cache.size(1) % 256 == 0
+    outs = [_attend(q[i], _paged_keys(k_cache, block_table[i], int(n)), _paged_keys(v_cache, block_table[i], int(n)),
+                    softmax_scale) for i, n in enumerate(cache_seqlens)]
+    return torch.stack(outs)  # (B, q_len, nh, hd)
+
+
+def _with_kvcache_fa3(q, k_cache, v_cache, cache_seqlens=None, page_table=None, cu_seqlens_q=None,
+                      max_seqlen_q=None, softmax_scale=None, causal=False, **_):
+    assert causal and page_table is not None and cu_seqlens_q is not None
+    cu = cu_seqlens_q
+    outs = [_attend(q[cu[i] : cu[i + 1]], _paged_keys(k_cache, page_table[i], int(n)),
+                    _paged_keys(v_cache, page_table[i], int(n)), softmax_scale) for i, n in enumerate(cache_seqlens)]
+    return torch.cat(outs)
+
+
+@pytest.fixture(params=[2, 3])
+def fake_flash_attn(request, monkeypatch):
+    from radixserve.engine.attention import fa_backend
+
+    name = "flash_attn" if request.param == 2 else "flash_attn_interface"
+    module = types.ModuleType(name)
+    module.flash_attn_varlen_func = _varlen
+    module.flash_attn_with_kvcache = _with_kvcache_fa2 if request.param == 2 else _with_kvcache_fa3
+    for other in ("flash_attn", "flash_attn_interface", "sgl_kernel", "sgl_kernel.flash_attn"):
+        monkeypatch.setitem(sys.modules, other, None)  # None makes import fail: only ours is seen
+    monkeypatch.setitem(sys.modules, name, module)
+    fa_backend.load_flash_attn.cache_clear()
+    yield request.param
+    fa_backend.load_flash_attn.cache_clear()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("page_size", [1, 16, 256])
+def test_fa_backend_index_math(fake_flash_attn, kind, page_size):
+    b = create_backend("fa", NH, NKV, HD, CPU, torch.float32)
+    assert b.api.version == fake_flash_attn
+    case = make_case(kind, 5, page_size, NH, NKV, HD, torch.float32, CPU, seed=21)
+    out = b.forward(case.q, case.k, case.v, LAYER, b.prepare(case.layout), case.pool)
+    assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
+    check_store(case)
+
+
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_fa_graph_metadata_decode(fake_flash_attn, page_size):
+    b = create_backend("fa", NH, NKV, HD, CPU, torch.float32)
+    case = make_case("decode", 3, page_size, NH, NKV, HD, torch.float32, CPU, seed=5)
+    width = case.layout.page_table.size(1) // page_size
+    if fake_flash_attn == 2 and page_size % 256:
+        with pytest.raises(NotImplementedError):
+            b.init_cuda_graph(4, width, page_size, case.spare_page)
+        return
+    b.init_cuda_graph(4, width, page_size, case.spare_page)
+    out_loc = torch.full((4,), case.spare_page * page_size, dtype=torch.int64)
+    meta = b.graph_metadata(4, out_loc)
+    b.plan_graph(4, case.layout)
+    out_loc[:3] = case.layout.out_loc
+    q = torch.cat([case.q, torch.randn(1, NH, HD)])
+    k, v = torch.cat([case.k, torch.randn(1, NKV, HD)]), torch.cat([case.v, torch.randn(1, NKV, HD)])
+    out = b.forward(q, k, v, LAYER, meta, case.pool)
+    assert rel_error(out[:3], reference(case, HD**-0.5)) < 1e-5
