@@ -52,8 +52,9 @@ def profile_activation_bytes(model: CausalLM, backend: AttentionBackend, num_tok
     layout = StepLayout(torch.zeros(1, dtype=torch.int64, device=device), [0], [T], locs,
                         locs.view(1, T), page_size)
     ids = torch.randint(0, args.vocab_size, (T,), device=device)
+    positions = locs % args.max_position_embeddings  # only rotary reads them
     with forward_context(ForwardContext(backend, backend.prepare(layout), pool)):
-        hidden = model(ids, locs)
+        hidden = model(ids, positions)
     logits = model.compute_logits(hidden[:S]).float()  # (S, V) as the sampler sees them
     torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
     torch.cuda.synchronize(device)

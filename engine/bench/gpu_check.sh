@@ -32,7 +32,7 @@ stage() {  # stage NAME SECONDS CMD...: one stage's failure or timeout never sto
   timeout "$secs" "$@" 2>&1 | tee -a "$LOG" | grep -v -e '^DEBUG' -e 'Warning' | tail -n 40
   echo "=== $name done in $((SECONDS - t0))s, rc ${PIPESTATUS[0]}" | tee -a "$LOG"
 }
-suite() { python3 -m radixserve.engine.bench.suite --out "$OUT/results.jsonl" "$@"; }
+SUITE=(python3 -m radixserve.engine.bench.suite --out "$OUT/results.jsonl")
 
 for s in "$@"; do
   case $s in
@@ -43,10 +43,10 @@ for s in "$@"; do
              [ "$(stat -c %s /tmp/fi.tgz)" -le 62914560 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz.part"
            fi ;;
     kernels) stage kernels 120 python3 -m radixserve.engine.bench.kernels --out "$OUT/results.jsonl" ;;
-    small) stage small 300 suite --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
-    big) stage big 240 suite --model qwen3-8b --parts latency,offline ;;
-    extra) stage extra 400 suite --model qwen3-0.6b --parts prefix,long,hf ;;
-    *) stage "$s" 300 suite ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
+    small) stage small 300 "${SUITE[@]}" --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
+    big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline ;;
+    extra) stage extra 400 "${SUITE[@]}" --model qwen3-0.6b --parts prefix,long,hf ;;
+    *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
   esac
 done
 du -sh "$OUT"/* 2>/dev/null
