@@ -8,7 +8,7 @@ TORCH   ?= torch==2.13.0
 PUBLIC_PROTOS   := $(wildcard protos/radixserve/v1/*.proto)
 INTERNAL_PROTOS := $(shell find protos/radixserve/internal -name '*.proto' 2>/dev/null)
 
-.PHONY: serve test install protos check-protos lint clean
+.PHONY: serve test install protos check-protos lint-protos lint-size clean
 
 $(STAMP): pyproject.toml setup.py clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,3 +42,8 @@ clean:
 # Line budgets (STYLE.md rule 1): core engine files <= 300 code lines, services/clients edge <= 450.
 lint-size:
 	$(BIN)/python tools/line_budget.py
+
+# buf lint (STANDARD rules) over every contract, with a pinned buf from npm.
+lint-protos:
+	cd tools/buf && npm ci --silent
+	tools/buf/node_modules/.bin/buf lint protos
