@@ -37,14 +37,14 @@ SUITE=(python3 -m radixserve.engine.bench.suite --out "$OUT/results.jsonl")
 for s in "$@"; do
   case $s in
     tests) stage tests 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
-             tests/engine/test_backends_gpu.py tests/engine/test_engine_gpu.py ;;
+             tests/engine/test_fused_gpu.py tests/engine/test_backends_gpu.py tests/engine/test_engine_gpu.py ;;
     cache) if [ ! -d .ficache ]; then  # return the JIT cache only if it fits what comes back (60 MB)
              tar czf /tmp/fi.tgz -C "$HOME" .cache/flashinfer; ls -la /tmp/fi.tgz | tee -a "$LOG"
              [ "$(stat -c %s /tmp/fi.tgz)" -le 62914560 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz.part"
            fi ;;
     kernels) stage kernels 120 python3 -m radixserve.engine.bench.kernels --out "$OUT/results.jsonl" ;;
     small) stage small 300 "${SUITE[@]}" --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
-    big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline ;;
+    big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline,no_overlap ;;
     extra) stage extra 400 "${SUITE[@]}" --model qwen3-0.6b --parts prefix,long,hf ;;
     *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
   esac

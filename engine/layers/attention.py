@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from radixserve.engine.context import get_forward_context
+from radixserve.engine.layers import fused
 from radixserve.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from radixserve.engine.layers.norm import RMSNorm
 from radixserve.engine.layers.rotary import RotaryEmbedding
@@ -29,13 +30,20 @@ class RopeAttention(nn.Module):
         """positions: (T,); x: (T, hidden) -> (T, hidden)."""
         T = x.size(0)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        if fused.usable(qkv) and fused.rope_supported(self.head_dim):  # q/k norm + rotary: one kernel
+            qn, kn = self.q_norm, self.k_norm
+            q, k = fused.qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin,
+                                      qn.weight if qn else None, kn.weight if kn else None,
+                                      qn.eps if qn else 0.0, self.num_heads, self.num_kv_heads, self.head_dim)
+        else:
+            q = q.view(T, self.num_heads, self.head_dim)
+            k = k.view(T, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary(positions, q, k)
         ctx = get_forward_context()
         out = ctx.backend.forward(q, k, v, self.layer_id, ctx.metadata, ctx.kv_pool)  # (T, nh, hd)
         return self.o_proj(out.reshape(T, q_size))

@@ -1,0 +1,122 @@
+"""Triton kernels that fuse the element-wise chains around the matmuls (CUDA only).
+
+A decode step of a small model is mostly launch-bound: eager RMSNorm is ~7 kernels, the Qwen3
+q/k norms plus rotary ~30. Each kernel here does one chain in one pass, computing in float32 and
+rounding where the reference layers round (after the normalisation, after SiLU), so results
+match the reference layers to bf16 rounding. Callers fall back to the reference code on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+
+def usable(x: torch.Tensor) -> bool:
+    return triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_stride, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = y.to(out_ptr.dtype.element_ty).to(tl.float32) * w  # round as the reference does
+        tl.store(out_ptr + row * D + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _qk_norm_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_out, k_out, qkv_stride,
+                             eps, NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr):
+        t = tl.program_id(0)
+        h = tl.program_id(1)  # heads [0, NH) are q, [NH, NH + NKV) are k
+        HD: tl.constexpr = 2 * HALF
+        i = tl.arange(0, HALF)
+        base = qkv_ptr + t * qkv_stride + h * HD
+        x1 = tl.load(base + i).to(tl.float32)
+        x2 = tl.load(base + HALF + i).to(tl.float32)
+        dt = q_out.dtype.element_ty
+        if NORM:
+            r = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HD + eps)
+            if h < NH:
+                w_ptr = qw_ptr
+            else:
+                w_ptr = kw_ptr
+            x1 = (x1 * r).to(dt).to(tl.float32) * tl.load(w_ptr + i).to(tl.float32)
+            x2 = (x2 * r).to(dt).to(tl.float32) * tl.load(w_ptr + HALF + i).to(tl.float32)
+            x1, x2 = x1.to(dt).to(tl.float32), x2.to(dt).to(tl.float32)
+        p = tl.load(pos_ptr + t).to(tl.int64)
+        c1 = tl.load(cos_ptr + p * HD + i).to(dt).to(tl.float32)
+        c2 = tl.load(cos_ptr + p * HD + HALF + i).to(dt).to(tl.float32)
+        s1 = tl.load(sin_ptr + p * HD + i).to(dt).to(tl.float32)
+        s2 = tl.load(sin_ptr + p * HD + HALF + i).to(dt).to(tl.float32)
+        o1 = x1 * c1 - x2 * s1  # rotate-half layout
+        o2 = x2 * c2 + x1 * s2
+        if h < NH:
+            dst = q_out + (t * NH + h) * HD
+        else:
+            dst = k_out + (t * NKV + h - NH) * HD
+        tl.store(dst + i, o1.to(dt))
+        tl.store(dst + HALF + i, o2.to(dt))
+
+    @triton.jit
+    def _silu_mul_kernel(x_ptr, out_ptr, x_stride, I: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < I
+        g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + row * x_stride + I + cols, mask=mask, other=0.0).to(tl.float32)
+        dt = out_ptr.dtype.element_ty
+        s = (g * tl.sigmoid(g)).to(dt).to(tl.float32)  # SiLU rounds before the product, as in eager
+        tl.store(out_ptr + row * I + cols, (s * u).to(dt), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: (..., D) with the last dim packed; returns a contiguous (..., D)."""
+    D = x.size(-1)
+    rows = x.reshape(-1, D)  # a view when leading dims are uniform, else a copy
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    if rows.size(0):
+        _rms_norm_kernel[(rows.size(0),)](rows, weight, out, rows.stride(0), eps, D=D,
+                                          BLOCK=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8)
+    return out.view(x.shape)
+
+
+def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, num_heads: int,
+                 num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the fused projection qkv (T, >= (nh + nkv) * hd), row-packed: per-head RMSNorm of q and k
+    (when weights are given), then rotary. Returns q (T, nh, hd), k (T, nkv, hd), contiguous."""
+    T = qkv.size(0)
+    q = torch.empty(T, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(T, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if T:
+        norm = q_weight is not None and k_weight is not None
+        _qk_norm_rope_kernel[(T, num_heads + num_kv_heads)](
+            qkv, positions, cos, sin, q_weight if norm else qkv, k_weight if norm else qkv, q, k, qkv.stride(0),
+            eps, NH=num_heads, NKV=num_kv_heads, HALF=head_dim // 2, NORM=norm, num_warps=1)
+    return q, k
+
+
+def rope_supported(head_dim: int) -> bool:
+    half = head_dim // 2
+    return head_dim % 2 == 0 and half & (half - 1) == 0 and half >= 16
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: (N, 2I) = [gate | up] -> silu(gate) * up, (N, I)."""
+    N, I = x.size(0), x.size(1) // 2
+    out = torch.empty(N, I, dtype=x.dtype, device=x.device)
+    if N:
+        block = 1024
+        _silu_mul_kernel[(N, triton.cdiv(I, block))](x, out, x.stride(0), I=I, BLOCK=block, num_warps=4)
+    return out

@@ -1,0 +1,60 @@
+"""The fused Triton layer kernels against float64 references on fresh random inputs (CUDA only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention_cases import rel_error
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+TOL = 1e-2  # bf16 outputs
+
+
+def _rms64(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 1024), (37, 4096), (513, 128)])
+def test_rms_norm(rows, dim):
+    from radixserve.engine.layers import fused
+
+    x = (torch.randn(rows, dim, device="cuda") * 3).bfloat16()
+    w = (1 + 0.1 * torch.randn(dim, device="cuda")).bfloat16()
+    out = fused.rms_norm(x, w, 1e-6)
+    assert rel_error(out, _rms64(x, w, 1e-6)) < TOL
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("tokens,nh,nkv,hd", [(1, 16, 8, 128), (300, 32, 8, 128), (5, 4, 2, 32)])
+def test_qk_norm_rope(norm, tokens, nh, nkv, hd):
+    from radixserve.engine.layers import fused
+    from radixserve.engine.layers.rotary import RotaryEmbedding
+
+    rot = RotaryEmbedding(hd, 4096, 1e6, None).cuda()
+    qkv = torch.randn(tokens, (nh + 2 * nkv) * hd + 16, device="cuda").bfloat16()[:, :-16]  # strided rows
+    pos = torch.randint(0, 4096, (tokens,), device="cuda")
+    qw = (1 + 0.1 * torch.randn(hd, device="cuda")).bfloat16() if norm else None
+    kw = (1 + 0.1 * torch.randn(hd, device="cuda")).bfloat16() if norm else None
+    q, k = fused.qk_norm_rope(qkv, pos, rot.cos, rot.sin, qw, kw, 1e-6, nh, nkv, hd)
+    ref_q = qkv[:, : nh * hd].reshape(tokens, nh, hd).double()
+    ref_k = qkv[:, nh * hd : (nh + nkv) * hd].reshape(tokens, nkv, hd).double()
+    if norm:
+        ref_q, ref_k = _rms64(ref_q, qw, 1e-6), _rms64(ref_k, kw, 1e-6)
+    cos, sin = rot.cos[pos].double()[:, None], rot.sin[pos].double()[:, None]
+
+    def rope(x: torch.Tensor) -> torch.Tensor:
+        half = hd // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+    assert rel_error(q, rope(ref_q)) < TOL and rel_error(k, rope(ref_k)) < TOL
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 3072), (129, 12288), (7, 100)])
+def test_silu_and_mul(rows, inter):
+    from radixserve.engine.layers import fused
+
+    x = (torch.randn(rows, 2 * inter, device="cuda") * 2).bfloat16()
+    g, u = x.double().chunk(2, -1)
+    assert rel_error(fused.silu_and_mul(x), torch.nn.functional.silu(g) * u) < TOL
