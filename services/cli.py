@@ -101,6 +101,12 @@ def _add_gateway_limits(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get to finish after SIGTERM")
 
 
+def _add_watchdog(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--watchdog-timeout", type=float, default=60.0,
+                   help="seconds an engine step may run before the scheduler dumps its stacks "
+                        "and exits (0: off)")
+
+
 def _add_backends(p: argparse.ArgumentParser, *names: str) -> None:
     for name in names:
         p.add_argument(f"--{name}-addr", default=_env(f"{name}_addr"),
@@ -118,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=None,
                    help="Prometheus port of the gateway (the scheduler uses the next one)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    _add_watchdog(p)
     _add_engine(p)
     _add_gateway_limits(p)
 
@@ -139,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=cfg.DEFAULT_SCHEDULER_ADDRESS)
     p.add_argument("--metrics-port", type=int, default=None)
     p.add_argument("--drain-timeout", type=float, default=30.0)
+    _add_watchdog(p)
     _add_backends(p, "detokenizer")
     _add_engine(p)
 
@@ -225,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_config = cfg.ServeConfig(
             engine=engine, gateway=_frontend_config(args), host=args.host, port=args.port,
             metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
-            log_level=args.log_level,
+            log_level=args.log_level, watchdog_timeout_s=args.watchdog_timeout,
         )
         return Supervisor(serve_config, engine_argv(engine)).run()
     return asyncio.run(_serve_one(args))
@@ -255,7 +263,8 @@ async def _serve_one(args: argparse.Namespace) -> int:
 
     engine = _engine_config(args, model_path)
     return await serve_scheduler(
-        args.address, engine, args.detokenizer_addr, args.metrics_port, args.drain_timeout, secret
+        args.address, engine, args.detokenizer_addr, args.metrics_port, args.drain_timeout, secret,
+        args.watchdog_timeout or None,
     )
 
 

@@ -24,6 +24,7 @@ class ServeConfig:
     metrics_port: int | None = None  # gateway; the scheduler's metrics go on metrics_port + 1
     startup_timeout_s: float = 600.0
     log_level: str = "INFO"
+    watchdog_timeout_s: float = 60.0  # scheduler hang watchdog; 0 turns it off
 
     def __post_init__(self) -> None:
         # The supervisor checks the gateway's health on this port, so it must be a real one.
@@ -33,6 +34,8 @@ class ServeConfig:
             raise ValueError(f"metrics port must be in (0, 65535), got {self.metrics_port}")
         if self.startup_timeout_s <= 0:
             raise ValueError("startup timeout must be positive")
+        if self.watchdog_timeout_s < 0:
+            raise ValueError("watchdog timeout must be >= 0")
 
     @property
     def gateway_address(self) -> str:

@@ -95,6 +95,7 @@ class Supervisor:
                   addr["detokenizer"]),
             Child("scheduler", [*cli, "scheduler", *model, "--address", addr["scheduler"],
                                 "--detokenizer-addr", addr["detokenizer"], *self._engine_argv,
+                                "--watchdog-timeout", str(cfg.watchdog_timeout_s),
                                 *sched_metrics], addr["scheduler"]),
             Child("gateway", [*cli, "gateway", "--address", cfg.gateway_address,
                               "--tokenizer-addr", addr["tokenizer"],

@@ -11,9 +11,12 @@ its request's pages at the start of the next iteration: within two steps of arri
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import queue
+import sys
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -96,6 +99,12 @@ class LoopConfig:
     warmup: bool = True
     idle_poll_s: float = 0.5  # how often an idle loop looks at the stop flag
     max_waiting_requests: int | None = None  # None: the engine's own limit applies
+    watchdog_s: float | None = None  # no loop iteration may take longer once ready; None: off
+    watchdog_exit_grace_s: float = 10.0  # after firing, hard exit if the process still lingers
+
+
+class WatchdogTimeout(RuntimeError):
+    """The engine loop made no progress for `LoopConfig.watchdog_s` seconds."""
 
 
 @dataclass
@@ -119,9 +128,13 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.engine: EngineLike | None = None
         self.stats: dict[str, Any] = {}  # replaced (never mutated) after each iteration
+        self._beat: float | None = None  # when the loop last finished an iteration; None: not ready
+        self._fired = False
 
     def start(self) -> None:
         self._thread.start()
+        if self._config.watchdog_s is not None:
+            threading.Thread(target=self._watch, name="engine-watchdog", daemon=True).start()
 
     def submit(self, command: Command) -> None:
         self._inbox.put(command)
@@ -141,13 +154,37 @@ class EngineLoop:
                 _warm_up(engine)
             self.engine = engine
             self.stats = dict(engine.stats())
+            self._beat = time.monotonic()
             self._sink.on_ready(engine.model_info)
             busy = False
             while not self._stopping.is_set():
                 busy = self._iterate(engine, busy)
+                self._beat = time.monotonic()
         except BaseException as exc:  # reported to the process, which then exits 1
             log.exception("engine loop died")
-            self._sink.on_fatal(exc)
+            if not self._fired:
+                self._sink.on_fatal(exc)
+
+    def _watch(self) -> None:
+        """A healthy loop ends an iteration at least every `idle_poll_s` (idle) or every step
+        (busy), so a beat older than `watchdog_s` means a step that hangs: report it and die."""
+        limit = float(self._config.watchdog_s or 0.0)
+        while not self._stopping.wait(min(1.0, limit / 4)):
+            beat = self._beat
+            if beat is None or time.monotonic() - beat < limit:
+                continue
+            self._fired = True
+            log.critical("watchdog: no engine loop progress for %.1f s (%d requests live); "
+                         "last pool stats: %s; stacks follow", time.monotonic() - beat,
+                         len(self._owner), self.stats)
+            try:
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                # The orderly exit below needs the event loop; if it never comes, exit anyway.
+                faulthandler.dump_traceback_later(self._config.watchdog_exit_grace_s, exit=True)
+            except (AttributeError, OSError, ValueError) as exc:  # stderr without a descriptor
+                log.error("watchdog could not dump stacks: %s", exc)
+            self._sink.on_fatal(WatchdogTimeout(f"no engine progress for {limit:.1f} s"))
+            return
 
     def _iterate(self, engine: EngineLike, was_busy: bool) -> bool:
         commands = self._drain(block=not engine.has_work())

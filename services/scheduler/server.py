@@ -71,7 +71,8 @@ class SchedulerApp:
         deadline = time.monotonic() + timeout_s
         while self.loop.live_requests and not self.fatal.is_set() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        await asyncio.to_thread(self.loop.stop, 10.0)
+        # After a fatal error the loop thread is dead or hung: do not wait for it.
+        await asyncio.to_thread(self.loop.stop, 0.5 if self.fatal.is_set() else 10.0)
         if self._link_task is not None:
             self._link_task.cancel()
 
@@ -221,15 +222,18 @@ async def serve(
     metrics_port: int | None = None,
     drain_timeout_s: float = 30.0,
     secret: str | None = None,
+    watchdog_s: float | None = 60.0,
 ) -> int:
     """Entry point of `radixserve scheduler`: load the model on the loop thread while health says
-    NOT_SERVING, serve, drain on SIGTERM; exit 1 if the engine loop dies."""
+    NOT_SERVING, serve, drain on SIGTERM; exit 1 if the engine loop dies or hangs (watchdog)."""
     from radixserve.engine.core import EngineCore
     from radixserve.services.common.lifecycle import run_until_signal
+    from radixserve.services.scheduler import faults
     from radixserve.services.scheduler.metrics import serve_metrics
 
-    config = LoopConfig(max_waiting_requests=engine_config.max_queued_requests)
-    app = SchedulerApp(lambda: EngineCore(engine_config), detokenizer_address, config, secret)
+    config = LoopConfig(max_waiting_requests=engine_config.max_queued_requests, watchdog_s=watchdog_s)
+    factory = faults.wrap_factory(lambda: EngineCore(engine_config))  # test hook; a no-op unless set
+    app = SchedulerApp(factory, detokenizer_address, config, secret)
     served = await create_server(address, app)
     if metrics_port:
         serve_metrics(metrics_port, lambda: app.loop.stats)

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,14 +227,16 @@ def alive(pid: int) -> bool:
 class Stack:
     """`radixserve serve` in a subprocess, on a free port."""
 
-    def __init__(self, *extra: str, log_path: Path | None = None) -> None:
+    def __init__(self, *extra: str, log_path: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.metrics_port: int | None = None
         self.target = f"127.0.0.1:{self.port}"
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
         argv = [sys.executable, "-m", "radixserve.services.cli", "serve", "--model", "demo",
                 "--port", str(self.port), "--device", "cpu", *extra]
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=self._log)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=self._log,
+                                     env={**os.environ, **(env or {})})
         self.channel = grpc.insecure_channel(self.target)
         self.stub = pb_grpc.GenerateServiceStub(self.channel)
 
@@ -268,6 +271,56 @@ class Stack:
             os.kill(pid, signal.SIGKILL)
         assert not leftovers, f"orphaned children: {leftovers}"
         return code
+
+
+class Streams:
+    """`n` streaming Generate calls on threads (token-id prompts, ignore_eos), recording when each
+    token arrived and how each ended."""
+
+    def __init__(self, stub: pb_grpc.GenerateServiceStub, n: int, max_new_tokens: int,
+                 timeout: float = 120) -> None:
+        self.codes: list[grpc.StatusCode | None] = [None] * n
+        self.tokens = [0] * n
+        self.last_token_at = [0.0] * n
+        self.ended_at = [0.0] * n
+        self._decoding = [threading.Event() for _ in range(n)]
+        self._threads = [threading.Thread(target=self._run, args=(stub, i, max_new_tokens, timeout),
+                                          daemon=True) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, stub: pb_grpc.GenerateServiceStub, i: int, max_new: int, timeout: float) -> None:
+        req = request([5, i + 1], max_new_tokens=max_new, ignore_eos=True)
+        try:
+            for response in stub.Generate(req, timeout=timeout):
+                if response.HasField("delta") and response.delta.token_ids:
+                    self.tokens[i] += len(response.delta.token_ids)
+                    self.last_token_at[i] = time.monotonic()
+                    self._decoding[i].set()
+            self.codes[i] = grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            self.codes[i] = exc.code()
+        self.ended_at[i] = time.monotonic()
+        self._decoding[i].set()
+
+    def wait_decoding(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        for event in self._decoding:
+            assert event.wait(max(0.0, deadline - time.monotonic())), "a stream never started"
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in self._threads), "a client is still waiting"
+
+
+def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """Every pid in `pids` exits (not a zombie) within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if alive(pid)], f"orphans: {[cmdline(p) for p in pids if alive(p)]}"
 
 
 # -- in-process stack (all four servers in one event loop, port 0, fake or real engine) ----------

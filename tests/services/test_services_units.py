@@ -126,6 +126,40 @@ def test_loop_engine_crash_is_fatal() -> None:
     assert isinstance(sink.fatal[0], ZeroDivisionError)
 
 
+@pytest.mark.parametrize("spec", ["raise:2", "hang:2"])
+def test_loop_injected_fault_is_fatal(spec: str, capfd: pytest.CaptureFixture[str]) -> None:
+    from radixserve.services.scheduler import faults
+    from radixserve.services.scheduler.loop import WatchdogTimeout
+
+    sink = Sink()
+    factory = faults.wrap_factory(FakeEngine, spec)
+    lp = EngineLoop(factory, sink, LoopConfig(warmup=False, idle_poll_s=0.05, watchdog_s=0.5,
+                                              watchdog_exit_grace_s=60))
+    lp.start()
+    lp.submit(Submission("gw", [new("a", 10)]))
+    wait_for(lambda: sink.fatal)
+    expected = faults.InjectedFault if spec.startswith("raise") else WatchdogTimeout
+    assert isinstance(sink.fatal[0], expected) and len(sink.fatal) == 1
+    if expected is WatchdogTimeout:
+        import faulthandler
+
+        faulthandler.cancel_dump_traceback_later()  # this process is the test runner
+        assert "most recent call first" in capfd.readouterr().err
+    lp.stop(0.1)
+
+
+def test_loop_watchdog_quiet_when_idle_or_slow_but_moving() -> None:
+    sink = Sink()
+    lp = EngineLoop(lambda: FakeEngine(step_delay_s=0.1), sink,
+                    LoopConfig(warmup=False, idle_poll_s=0.05, watchdog_s=0.4))
+    lp.start()
+    time.sleep(0.6)  # idle
+    lp.submit(Submission("gw", [new("a", 8)]))  # 8 steps of 0.1 s: 0.8 s busy, each step short
+    time.sleep(1.2)
+    assert not sink.fatal
+    lp.stop(1)
+
+
 @pytest.fixture(scope="module")
 def hf_tokenizer(demo_path: str) -> Any:
     from transformers import AutoTokenizer
