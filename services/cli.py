@@ -107,6 +107,36 @@ def _add_watchdog(p: argparse.ArgumentParser) -> None:
                         "and exits (0: off)")
 
 
+def _add_security(p: argparse.ArgumentParser) -> None:
+    from radixserve.services.common.auth import API_KEY_ENV
+
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                   help=f"require metadata 'authorization: Bearer KEY' on every public RPC but "
+                        f"health (default: ${API_KEY_ENV}, which keeps the key out of ps)")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate chain: TLS on the public port")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", default=None,
+                   help="PEM CA bundle: clients must present a certificate it signed (mutual TLS)")
+
+
+def _security(args: argparse.Namespace, probe_address: str | None = None) -> Any:
+    from radixserve.services.common.rpc import TlsFiles
+    from radixserve.services.gateway.server import PublicSecurity
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("radixserve: --tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        raise SystemExit("radixserve: --tls-client-ca needs --tls-cert and --tls-key")
+    for path in (args.tls_cert, args.tls_key, args.tls_client_ca):
+        if path and not os.path.isfile(path):
+            raise SystemExit(f"radixserve: {path}: no such file")
+    tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    try:
+        return PublicSecurity(args.api_key, tls, probe_address)
+    except ValueError as exc:
+        raise SystemExit(f"radixserve: {exc}") from None
+
+
 def _add_backends(p: argparse.ArgumentParser, *names: str) -> None:
     for name in names:
         p.add_argument(f"--{name}-addr", default=_env(f"{name}_addr"),
@@ -124,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=None,
                    help="Prometheus port of the gateway (the scheduler uses the next one)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    _add_security(p)
     _add_watchdog(p)
     _add_engine(p)
     _add_gateway_limits(p)
@@ -132,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=cfg.DEFAULT_GATEWAY_ADDRESS)
     p.add_argument("--metrics-port", type=int, default=None)
     p.add_argument("--log-level", default=_env("log_level"))
+    p.add_argument("--probe-address", default=None,
+                   help="extra plaintext unix-socket listener for health probes (used by serve)")
+    _add_security(p)
     _add_backends(p, "tokenizer", "scheduler", "detokenizer")
     _add_gateway_limits(p)
 
@@ -233,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_config = cfg.ServeConfig(
             engine=engine, gateway=_frontend_config(args), host=args.host, port=args.port,
             metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
+            public=_security(args),
             log_level=args.log_level, watchdog_timeout_s=args.watchdog_timeout,
         )
         return Supervisor(serve_config, engine_argv(engine)).run()
@@ -247,8 +282,9 @@ async def _serve_one(args: argparse.Namespace) -> int:
         from radixserve.services.gateway.server import BackendAddresses, serve
 
         backends = BackendAddresses(args.tokenizer_addr, args.scheduler_addr, args.detokenizer_addr)
+        security = _security(args, args.probe_address)
         return await serve(
-            args.address, backends, _frontend_config(args), args.metrics_port, secret
+            args.address, backends, _frontend_config(args), args.metrics_port, secret, security
         )
     model_path = _resolve_model(args.model)
     if args.command == "tokenizer":

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixserve.engine.config import EngineConfig
 from radixserve.services.gateway.frontend import FrontendConfig
+from radixserve.services.gateway.server import PublicSecurity
 
 DEFAULT_GATEWAY_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TOKENIZER_ADDRESS = "127.0.0.1:50052"
@@ -24,6 +25,7 @@ class ServeConfig:
     metrics_port: int | None = None  # gateway; the scheduler's metrics go on metrics_port + 1
     startup_timeout_s: float = 600.0
     log_level: str = "INFO"
+    public: PublicSecurity = field(default_factory=PublicSecurity)  # the gateway port's key, TLS
     watchdog_timeout_s: float = 60.0  # scheduler hang watchdog; 0 turns it off
 
     def __post_init__(self) -> None:

@@ -27,7 +27,7 @@ from types import FrameType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from radixserve.services.common.auth import SECRET_ENV
+from radixserve.services.common.auth import API_KEY_ENV, SECRET_ENV
 from radixserve.services.common.lifecycle import PARENT_PID_ENV
 from radixserve.services.config import ServeConfig
 
@@ -88,6 +88,13 @@ class Supervisor:
             "--max-in-flight", str(cfg.gateway.max_in_flight),
             "--drain-timeout", str(cfg.gateway.drain_timeout_s),
         ]
+        tls, gw_probe = cfg.public.tls, cfg.gateway_address
+        if tls is not None:
+            # The health probe cannot present a client certificate: the gateway also listens on a
+            # private unix socket, next to the internal ones, for it.
+            gw_probe = f"unix:{sockets}/gateway.sock"
+            limits += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--probe-address", gw_probe]
+            limits += ["--tls-client-ca", tls.client_ca] if tls.client_ca else []
         return [
             Child("tokenizer", [*cli, "tokenizer", *model, "--address", addr["tokenizer"]],
                   addr["tokenizer"]),
@@ -102,11 +109,14 @@ class Supervisor:
                               "--scheduler-addr", addr["scheduler"],
                               "--detokenizer-addr", addr["detokenizer"],
                               "--log-level", cfg.log_level, *limits, *gw_metrics],
-                  cfg.gateway_address),
+                  gw_probe),
         ]
 
     def _spawn(self, child: Child) -> None:
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), SECRET_ENV: self._secret}
+        env.pop(API_KEY_ENV, None)  # only the gateway checks it, and it comes through env, not argv
+        if child.name == "gateway" and self._config.public.api_key:
+            env[API_KEY_ENV] = self._config.public.api_key
         # A session of its own: a terminal's Ctrl-C reaches only the supervisor, which then stops
         # the children in order (gateway first) instead of all of them at once.
         self._procs[child.name] = subprocess.Popen(child.argv, env=env, start_new_session=True)

@@ -1,14 +1,19 @@
-"""A shared secret on internal RPCs (RELIABILITY 28): internal services answer UNAUTHENTICATED to
-calls without it, so reaching their port is not enough to drive the engine.
+"""Credentials checked by interceptors, compared in constant time (hmac.compare_digest).
 
-Health checks stay open (orchestrators probe without credentials), and so does reflection.
-Secrets are compared in constant time.
+- Internal services (RELIABILITY 28) answer UNAUTHENTICATED to calls without the shared secret, so
+  reaching their port is not enough to drive the engine. Health and reflection stay open.
+- The public gateway (RELIABILITY 29), when given an API key, answers UNAUTHENTICATED to calls
+  without `authorization: Bearer <key>` (exact, case-sensitive). Only grpc.health.v1 stays open:
+  reflection describes the API and needs the key like every other RPC.
+
+A refused call is answered before its request is parsed, so bytes from an unauthenticated caller
+never reach a protobuf parser.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -16,6 +21,9 @@ import grpc
 SECRET_ENV = "RADIXSERVE_INTERNAL_SECRET"
 METADATA_KEY = "x-radixserve-internal-secret"
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+API_KEY_ENV = "RADIXSERVE_API_KEY"
+API_KEY_HEADER = "authorization"
+_PUBLIC_OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -25,11 +33,14 @@ def call_metadata(secret: str | None) -> Metadata:
     return ((METADATA_KEY, secret),) if secret else ()
 
 
-class SecretInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, secret: str) -> None:
-        if not secret:
-            raise ValueError("an empty internal secret would accept every caller")
-        self._secret = secret.encode()
+class _HeaderInterceptor(grpc.aio.ServerInterceptor):
+    """Lets a call through when metadata `header` equals `expected`; otherwise UNAUTHENTICATED."""
+
+    def __init__(self, header: str, expected: str, open_prefixes: tuple[str, ...], refusal: str) -> None:
+        self._header = header
+        self._expected = expected.encode()
+        self._open = open_prefixes
+        self._refusal = refusal
 
     async def intercept_service(
         self,
@@ -38,38 +49,60 @@ class SecretInterceptor(grpc.aio.ServerInterceptor):
     ) -> Any:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is None or method.startswith(_OPEN_PREFIXES):
+        if handler is None or method.startswith(self._open):
             return handler
         if self._authorized(handler_call_details.invocation_metadata):
             return handler
-        return _denied(handler)
+        return _denied(handler, self._refusal)
 
     def _authorized(self, metadata: Any) -> bool:
         for key, value in metadata or ():
-            if key == METADATA_KEY:
+            if key == self._header:
                 given = value.encode() if isinstance(value, str) else bytes(value)
-                return hmac.compare_digest(given, self._secret)
+                return hmac.compare_digest(given, self._expected)
         return False
 
 
-def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape that only answers UNAUTHENTICATED."""
+class SecretInterceptor(_HeaderInterceptor):
+    def __init__(self, secret: str) -> None:
+        if not secret:
+            raise ValueError("an empty internal secret would accept every caller")
+        super().__init__(METADATA_KEY, secret, _OPEN_PREFIXES, "missing or wrong internal secret")
+
+
+class ApiKeyInterceptor(_HeaderInterceptor):
+    def __init__(self, api_key: str) -> None:
+        if not api_key or api_key != api_key.strip():
+            raise ValueError("the API key must be non-empty, without surrounding whitespace")
+        super().__init__(
+            API_KEY_HEADER, f"Bearer {api_key}", _PUBLIC_OPEN_PREFIXES,
+            "missing or wrong API key (send metadata 'authorization: Bearer <key>')",
+        )
+
+
+def _denied(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape that only answers UNAUTHENTICATED, reading raw bytes."""
 
     async def deny(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong internal secret")
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    serde = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    async def deny_stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await deny(request_or_iterator, context)
+        yield  # never reached; makes this an async generator like the handler it replaces
+
+    serde = {"request_deserializer": None, "response_serializer": handler.response_serializer}
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(deny, **serde)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(deny, **serde)
+        return grpc.unary_stream_rpc_method_handler(deny_stream, **serde)
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(deny, **serde)
-    return grpc.stream_stream_rpc_method_handler(deny, **serde)
+    return grpc.stream_stream_rpc_method_handler(deny_stream, **serde)
 
 
 def interceptors(secret: str | None) -> list[grpc.aio.ServerInterceptor]:
     return [SecretInterceptor(secret)] if secret else []
+
+
+def public_interceptors(api_key: str | None) -> list[grpc.aio.ServerInterceptor]:
+    return [ApiKeyInterceptor(api_key)] if api_key else []

@@ -19,13 +19,20 @@ log = logging.getLogger(__name__)
 StatusCallback = Callable[[str, grpc.StatusCode], None]
 
 
-class ServiceError(Exception):
-    """A request-level failure with the gRPC status it maps to."""
+RETRY_AFTER_KEY = "retry-after-ms"
+RETRY_AFTER_MS = 250  # the hint sent with RESOURCE_EXHAUSTED: about a few decode steps of a busy server
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+
+class ServiceError(Exception):
+    """A request-level failure with the gRPC status it maps to (and trailing metadata to send)."""
+
+    def __init__(
+        self, code: grpc.StatusCode, message: str, trailers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.trailers = trailers
 
     def __repr__(self) -> str:
         return f"ServiceError({self.code.name}, {self.message!r})"
@@ -37,6 +44,14 @@ def invalid_argument(message: str) -> ServiceError:
 
 def unavailable(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.UNAVAILABLE, message)
+
+
+def overloaded(message: str) -> ServiceError:
+    """RESOURCE_EXHAUSTED with a retry hint in trailing metadata: the server is full right now,
+    the request itself is fine and may be sent again after the hint."""
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, message, ((RETRY_AFTER_KEY, str(RETRY_AFTER_MS)),)
+    )
 
 
 _CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
@@ -151,7 +166,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return
         if isinstance(exc, ServiceError):
             self._report(method, exc.code)
-            await context.abort(exc.code, exc.message)
+            await context.abort(exc.code, exc.message, exc.trailers)
         if isinstance(exc, Exception):
             log.exception("bug in %s", method)
             self._report(method, grpc.StatusCode.INTERNAL)

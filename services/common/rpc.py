@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -11,16 +12,21 @@ from grpc_reflection.v1alpha import reflection
 MiB = 1024 * 1024
 
 # Public edge: bounded messages and metadata so one client cannot make the server buffer without
-# limit; keepalive pings find dead clients; clients may ping no more often than every 10 s.
+# limit; at most 1024 streams per connection (more wait in the client); keepalive pings find dead
+# clients; a client that pings more often than every 10 s gets GOAWAY after two strikes; idle
+# connections are closed after 30 min.
 PUBLIC_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", 4 * MiB),
     ("grpc.max_send_message_length", 16 * MiB),
     ("grpc.max_metadata_size", 16 * 1024),
+    ("grpc.absolute_max_metadata_size", 32 * 1024),
     ("grpc.max_concurrent_streams", 1024),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 2),
+    ("grpc.max_connection_idle_ms", 30 * 60_000),
     ("grpc.so_reuseport", 0),
 )
 
@@ -29,6 +35,8 @@ PUBLIC_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
 INTERNAL_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", 256 * MiB),
     ("grpc.max_send_message_length", 256 * MiB),
+    ("grpc.max_metadata_size", 16 * 1024),
+    ("grpc.max_concurrent_streams", 256),
     ("grpc.keepalive_time_ms", 5_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -56,9 +64,35 @@ def create_aio_server(
     return grpc.aio.server(interceptors=list(interceptors), options=list(options))
 
 
-def bind(server: grpc.aio.Server, address: str) -> int:
-    """Bind `address` ("host:port", port 0 for any, or "unix:/path"); return the bound port."""
-    port = server.add_insecure_port(address)
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of the public port: its certificate chain and key, and optionally the CA that
+    client certificates must chain to (mutual TLS: clients without one are refused)."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        def read(path: str) -> bytes:
+            with open(path, "rb") as f:
+                return f.read()
+
+        client_ca = read(self.client_ca) if self.client_ca else None
+        return grpc.ssl_server_credentials(
+            [(read(self.key), read(self.cert))],
+            root_certificates=client_ca,
+            require_client_auth=client_ca is not None,
+        )
+
+
+def bind(server: grpc.aio.Server, address: str, tls: TlsFiles | None = None) -> int:
+    """Bind `address` ("host:port", port 0 for any, or "unix:/path"), with TLS when `tls` is
+    given; return the bound port."""
+    if tls is not None:
+        port = server.add_secure_port(address, tls.credentials())
+    else:
+        port = server.add_insecure_port(address)
     if port == 0 and not address.startswith("unix:"):
         raise OSError(f"could not bind {address}")
     return port

@@ -19,7 +19,12 @@ from typing import Any, TypeAlias
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
-from radixserve.services.common.errors import ServiceError, invalid_argument, unavailable
+from radixserve.services.common.errors import (
+    ServiceError,
+    invalid_argument,
+    overloaded,
+    unavailable,
+)
 from radixserve.services.gateway import convert
 from radixserve.services.gateway.links import Links, SchedulerEvents
 from radixserve.services.gateway.metrics import GatewayMetrics
@@ -99,7 +104,7 @@ class Frontend(SchedulerEvents):
     def open(self, spec: GenerateSpec) -> RequestHandle:
         self.model_info()
         if len(self._by_rid) >= self._config.max_in_flight:
-            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many requests in flight")
+            raise overloaded("too many requests in flight")
         public_id = spec.request_id or uuid.uuid4().hex
         if public_id in self._by_public:
             raise invalid_argument(f"request_id {public_id!r} is already running")
@@ -181,6 +186,8 @@ class Frontend(SchedulerEvents):
         while True:
             item = await handle.inbox.get()
             if isinstance(item, Failure):
+                if item.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise overloaded(item.message)
                 raise ServiceError(item.code, item.message)
             if started_at is None:
                 started_at = time.monotonic()

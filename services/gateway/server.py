@@ -2,6 +2,11 @@
 
 Servicer methods only parse, call the frontend, and build replies; statuses come from the
 ServiceErrors the frontend raises (mapped by the ErrorInterceptor).
+
+`PublicSecurity` turns on the API key check (every RPC but health) and TLS / mutual TLS on the
+public port. With TLS, `probe_address` adds a plaintext listener for the supervisor's health
+probe; it must be a unix socket in a folder only the serving user can open (the supervisor puts it
+next to the internal sockets), and the API key is still checked there.
 """
 
 from __future__ import annotations
@@ -76,6 +81,17 @@ class GenerateServicer(pb_grpc.GenerateServiceServicer):
 
 
 @dataclass(frozen=True)
+class PublicSecurity:
+    api_key: str | None = None  # None: no key is asked for
+    tls: rpc.TlsFiles | None = None  # None: plaintext
+    probe_address: str | None = None  # "unix:/private/folder/gateway.sock", or None
+
+    def __post_init__(self) -> None:
+        if self.probe_address is not None and not self.probe_address.startswith("unix:"):
+            raise ValueError("the probe listener must be a unix socket")
+
+
+@dataclass(frozen=True)
 class BackendAddresses:
     tokenizer: str
     scheduler: str
@@ -133,15 +149,21 @@ async def create_server(
     config: FrontendConfig | None = None,
     metrics: GatewayMetrics | None = None,
     secret: str | None = None,
+    security: PublicSecurity | None = None,
 ) -> Served:
     """Build the gateway on `address` (port 0 picks one) and start connecting to the backends."""
     metrics = metrics or GatewayMetrics()
+    security = security or PublicSecurity()
     gateway = Gateway(backends, config or FrontendConfig(), metrics, secret)
-    server = rpc.create_aio_server([ErrorInterceptor(metrics.on_status)], rpc.PUBLIC_SERVER_OPTIONS)
+    # Refusals by the key check still pass the ErrorInterceptor, so they are counted.
+    interceptors = [ErrorInterceptor(metrics.on_status), *auth.public_interceptors(security.api_key)]
+    server = rpc.create_aio_server(interceptors, rpc.PUBLIC_SERVER_OPTIONS)
     pb_grpc.add_GenerateServiceServicer_to_server(GenerateServicer(gateway.frontend), server)
     gateway.health = rpc.Health(server, [SERVICE_NAME])
     rpc.enable_reflection(server, [SERVICE_NAME])
-    port = rpc.bind(server, address)
+    port = rpc.bind(server, address, security.tls)
+    if security.probe_address is not None:
+        rpc.bind(server, security.probe_address)
     await gateway.health.set_serving(False)
     gateway.start()
     return Served(server, port, gateway)
@@ -153,6 +175,7 @@ async def serve(
     config: FrontendConfig,
     metrics_port: int | None = None,
     secret: str | None = None,
+    security: PublicSecurity | None = None,
 ) -> int:
     """Entry point of `radixserve gateway`: serve until SIGTERM, then drain."""
     from radixserve.services.common.lifecycle import run_until_signal
@@ -160,7 +183,10 @@ async def serve(
     metrics = GatewayMetrics()
     if metrics_port:
         metrics.serve_http(metrics_port)
-    served = await create_server(address, backends, config, metrics, secret)
+    served = await create_server(address, backends, config, metrics, secret, security)
     await served.server.start()
-    log.info("gateway listening on %s (port %d)", address, served.port)
+    security = security or PublicSecurity()
+    log.info("gateway listening on %s (port %d, %s, %s)", address, served.port,
+             "TLS" if security.tls else "plaintext",
+             "API key required" if security.api_key else "no API key")
     return await run_until_signal(served.server, served.gateway.drain)

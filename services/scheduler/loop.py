@@ -99,6 +99,8 @@ class LoopConfig:
     warmup: bool = True
     idle_poll_s: float = 0.5  # how often an idle loop looks at the stop flag
     max_waiting_requests: int | None = None  # None: the engine's own limit applies
+    # Request slots: waiting requests that the next step moves into free slots are not queued.
+    max_running_requests: int | None = None
     watchdog_s: float | None = None  # no loop iteration may take longer once ready; None: off
     watchdog_exit_grace_s: float = 10.0  # after firing, hard exit if the process still lingers
 
@@ -241,7 +243,7 @@ class EngineLoop:
     def _add(self, engine: EngineLike, owner: Hashable, req: NewRequest, it: _Iteration) -> None:
         limit = self._config.max_waiting_requests
         try:
-            if limit is not None and engine.stats().get("waiting_requests", 0) >= limit:
+            if limit is not None and self._queued(engine.stats()) >= limit:
                 raise _QueueFull(f"queue full ({limit} waiting requests)")
             engine.add_request(req.rid, list(req.prompt_ids), req.params)
         except _QueueFull as exc:
@@ -257,6 +259,14 @@ class EngineLoop:
         self._owner[req.rid] = owner
         it.accepted.setdefault(owner, []).append(req.rid)
         it.setups[req.rid] = req
+
+    def _queued(self, stats: dict[str, Any]) -> int:
+        """Waiting requests beyond those that free request slots take at the next step."""
+        waiting = int(stats.get("waiting_requests", 0))
+        slots = self._config.max_running_requests
+        if slots is None:
+            return waiting
+        return max(0, waiting - max(0, slots - int(stats.get("running_requests", 0))))
 
     def _abort(self, engine: EngineLike, rid: str, it: _Iteration) -> None:
         self._owner.pop(rid, None)

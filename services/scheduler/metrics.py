@@ -39,6 +39,11 @@ class EngineStatsCollector(Collector):
         yield CounterMetricFamily(
             "radixserve_prompt_tokens", "Prompt tokens admitted", prompt
         )
+        yield CounterMetricFamily(
+            "radixserve_retractions",
+            "Running requests sent back to the queue under KV pressure (outputs unchanged)",
+            s.get("retractions_total", 0),
+        )
 
 
 def serve_metrics(port: int, snapshot: Callable[[], dict[str, Any]], host: str = "0.0.0.0") -> None:

@@ -231,7 +231,11 @@ async def serve(
     from radixserve.services.scheduler import faults
     from radixserve.services.scheduler.metrics import serve_metrics
 
-    config = LoopConfig(max_waiting_requests=engine_config.max_queued_requests, watchdog_s=watchdog_s)
+    config = LoopConfig(
+        max_waiting_requests=engine_config.max_queued_requests,
+        max_running_requests=engine_config.max_running_requests,
+        watchdog_s=watchdog_s,
+    )
     factory = faults.wrap_factory(lambda: EngineCore(engine_config))  # test hook; a no-op unless set
     app = SchedulerApp(factory, detokenizer_address, config, secret)
     served = await create_server(address, app)

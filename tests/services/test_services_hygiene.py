@@ -1,4 +1,5 @@
-"""Source gates for services/: line budgets (STYLE rule 1) and no pickle anywhere (DESIGN §2.4)."""
+"""Source gates: line budgets of services/ (STYLE rule 1), and no unsafe deserialization in any
+shipped source: engine/, services/, native/, clients/ (DESIGN §2.4, RELIABILITY 27)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,48 @@ def test_line_budget(path: Path) -> None:
     assert code_lines(path) <= budget, f"{path} is over its {budget}-line budget"
 
 
-def test_no_pickle_in_services() -> None:
-    pattern = re.compile(r"\b(pickle|cPickle|dill|recv_pyobj|marshal\.loads)\b")
-    offenders = [str(p) for p in SERVICES.rglob("*.py") if pattern.search(p.read_text())]
-    assert not offenders
+ROOT = SERVICES.parent
+GATED = ("engine", "services", "native", "clients")  # everything that ships
+UNSAFE = re.compile(
+    r"\b(pickle|cPickle|dill|recv_pyobj|shelve)\b"  # object deserialization over IPC or files
+    r"|\bmarshal\.loads?\b"
+    r"|(?<![.\w])eval\("  # eval() itself; model.eval() and other methods are fine
+    r"|(?<![.\w])exec\("
+    r"|\btorch\.load\((?![^)]*weights_only\s*=\s*True)"  # only with weights_only=True
+)
+
+
+def _shipped_sources() -> list[Path]:
+    files = []
+    for top in GATED:
+        for path in (ROOT / top).rglob("*"):
+            skip = {"node_modules", "__pycache__", "build", ".venv"} & set(path.parts)
+            if path.suffix in (".py", ".pyx", ".js") and not skip and path.is_file():
+                files.append(path)
+    return files
+
+
+def test_no_unsafe_deserialization_anywhere() -> None:
+    """RELIABILITY 27: protobuf only on every wire and in every file the engine reads."""
+    files = _shipped_sources()
+    assert len(files) > 50, "the gate found too few files to be looking in the right place"
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in files
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if UNSAFE.search(line)
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("line", [
+    "import pickle", "obj = sock.recv_pyobj()", "marshal.loads(b)", "eval(text)",
+    "torch.load(path)", "torch.load(path, weights_only=False)",
+])
+def test_unsafe_gate_catches(line: str) -> None:
+    assert UNSAFE.search(line)
+
+
+@pytest.mark.parametrize("line", ["model.eval()", "torch.load(path, weights_only=True)"])
+def test_unsafe_gate_allows(line: str) -> None:
+    assert not UNSAFE.search(line)
