@@ -9,6 +9,7 @@ batch size plus each decode wrapper's workspace.
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import NamedTuple
 
@@ -74,6 +75,7 @@ def graph_reserve_bytes(batch_sizes: list[int], vocab_size: int, dtype: torch.dt
 def plan_kv_pages(page_bytes: int, memory_fraction: float, activation_bytes: int, graph_bytes: int,
                   device: torch.device) -> MemoryPlan:
     """The pool takes memory_fraction of what is free after weights, less activations and graphs."""
+    gc.collect()  # an engine dropped just before (tests, benchmarks) may sit in a reference cycle
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
     kv = int(free * memory_fraction) - activation_bytes - graph_bytes

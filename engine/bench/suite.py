@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as e:  # one failing part must not cost the others their device time
             traceback.print_exc()
             got = [{"part": name, "error": f"{type(e).__name__}: {e}"[:300]}]
-            release(None)
+        release(None)  # the part's engines are unreachable now: collect them before the next
         for row in got:
             row = {"model": a.model, "device": device_name("auto"), "date": time.strftime("%Y-%m-%d %H:%M"),
                    "part_s": round(time.perf_counter() - start, 1), **row}

@@ -14,9 +14,9 @@ class KVCachePool:
         shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, locations, nkv, hd)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        # One Triton launch for k and v instead of two index_copy_: off by default, as on an H200 its
-        # Python launch cost (~80 us) exceeded the two copies' (~25 us) in eager steps.
-        self.fused_store = False
+        # One Triton launch for k and v instead of two index_copy_ (H200, 8 KV heads x 128: 4.7 vs
+        # 9.4 us per layer inside a decode graph, 23 vs 60 us for an 8192-token prefill).
+        self.fused_store = store_kernel.available(self.k)
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """loc: (T,) int64 locations; k, v: (T, nkv, hd)."""
