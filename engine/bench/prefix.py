@@ -2,9 +2,9 @@
 
 --groups groups of --group-size prompts; each prompt is its group's shared prefix (--prefix-len
 random ids) plus its own question (--question-len ids), and decodes --output-len tokens (greedy,
-ignore_eos). Requests are submitted all at once; the engine admits as many as
-fit, round-robin over the groups. Reported: wall time, output and prompt throughput, the share of prompt tokens served from the
-cache, mean TTFT.
+ignore_eos). Requests are submitted all at once, round-robin over the groups; the engine admits as
+many as fit. Reported: wall time, output and prompt throughput, the share of prompt tokens served
+from the cache, mean TTFT.
 """
 
 from __future__ import annotations
