@@ -128,3 +128,14 @@ def test_fuzz_generate_with_mutated_bytes(stack: Stack) -> None:
         one()
     assert sum(seen.values()) >= 100 and seen.get(grpc.StatusCode.INVALID_ARGUMENT), seen
     assert collect(stack.stub, request("Hello", max_new_tokens=2)).code == OK
+
+
+def test_scheduler_exports_retractions(stack: Stack) -> None:
+    import urllib.request
+
+    assert stack.metrics_port is not None
+    url = f"http://127.0.0.1:{stack.metrics_port + 1}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    assert "# TYPE radixserve_retractions_total counter" in text
+    assert "radixserve_retractions_total 0.0" in text  # this stack never runs short of pages
