@@ -107,12 +107,12 @@ def test_engine_fault_fails_streams_and_stops_the_stack(make_stack: Callable[...
 
 
 def test_drain_finishes_what_fits_and_ends_the_rest(make_stack: Callable[..., Stack]) -> None:
-    drain_s = 4.0
+    drain_s = 5.0
     s = make_stack("--drain-timeout", str(drain_s))
     children = child_pids(s.proc.pid)
     long = Streams(s.stub, 4, max_new_tokens=3000)
     long.wait_decoding()
-    short = Streams(s.stub, 4, max_new_tokens=24)
+    short = Streams(s.stub, 4, max_new_tokens=8)
     short.wait_decoding()
     term_at = time.monotonic()
     s.proc.send_signal(signal.SIGTERM)
@@ -122,7 +122,7 @@ def test_drain_finishes_what_fits_and_ends_the_rest(make_stack: Callable[..., St
     refused = collect(s.stub, request([5], max_new_tokens=1), timeout=5)
     assert refused.code == UNAVAILABLE, refused
     short.join(drain_s)
-    assert short.codes == [grpc.StatusCode.OK] * 4 and short.tokens == [24] * 4
+    assert short.codes == [grpc.StatusCode.OK] * 4 and short.tokens == [8] * 4
     long.join(drain_s + 5)
     assert long.codes == [UNAVAILABLE] * 4  # ended with a status at the drain deadline
     assert drain_s - 0.5 < max(long.ended_at) - term_at < drain_s + 3

@@ -221,3 +221,19 @@ def test_internal_services_are_private_and_need_the_secret(stack: Stack) -> None
         with pytest.raises(grpc.RpcError) as err:
             stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_bench_soak_smoke(stack: Stack) -> None:
+    import asyncio
+
+    from radixserve.services import bench_soak
+
+    cfg = bench_soak.SoakConfig(stack.target, clients=20, duration_s=12.0, cancel_share=0.3,
+                                invalid_share=0.05, input_len=(4, 64), output_len=(2, 16), seed=1)
+    result = asyncio.run(bench_soak.run(cfg, serve_pid=stack.proc.pid))
+    table = bench_soak.format_table(cfg, result)
+    assert result.passed, table
+    assert result.exact > 0 and result.statuses.get("cancel CANCELLED", 0) > 0, table
+    assert result.statuses.get("invalid INVALID_ARGUMENT", 0) > 0, table
+    assert set(result.processes) == set(bench_soak.SERVICES), table
+    assert all(p["rss_after_mib"] > 0 for p in result.processes.values())

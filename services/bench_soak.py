@@ -1,0 +1,308 @@
+"""`radixserve bench soak`: many streaming clients for a bounded time, then the leak checks.
+
+Each of --clients clients loops until --duration runs out. Every request has a random token-id
+prompt (--input-len range) and max_new_tokens (--output-len range) with ignore_eos. A share
+(--invalid-share) is deliberately invalid (an id outside the vocabulary, a length over the
+context, a negative temperature) and must get INVALID_ARGUMENT; a share (--cancel-share) is
+cancelled by the client at a uniform random point (before its first token up to its last);
+the rest must finish OK with exactly max_new_tokens tokens.
+
+At the end the stack must go idle with the pool invariant intact (GetServerInfo: nothing running
+or queued, kv_pages_free + kv_pages_evictable == kv_pages_total, no live requests in the gateway
+or the detokenizer), and the RSS and open files of each service are compared with the start
+(known with --launch, or --serve-pid of a running `radixserve serve`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from radixserve.services.bench_serving import _launch, _percentiles
+from radixserve.v1 import generate_pb2 as pb
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+SERVICES = ("gateway", "tokenizer", "scheduler", "detokenizer")
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    target: str
+    clients: int = 200
+    duration_s: float = 300.0
+    cancel_share: float = 0.3
+    invalid_share: float = 0.01
+    input_len: tuple[int, int] = (4, 256)
+    output_len: tuple[int, int] = (4, 64)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.clients < 1 or self.duration_s <= 0:
+            raise ValueError("clients must be >= 1 and duration > 0")
+        if not (0 <= self.cancel_share <= 1 and 0 <= self.invalid_share <= 1):
+            raise ValueError("shares must be in [0, 1]")
+        for lo, hi in (self.input_len, self.output_len):
+            if not 1 <= lo <= hi:
+                raise ValueError("length ranges must satisfy 1 <= min <= max")
+
+
+@dataclass
+class SoakResult:
+    requests: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)  # "<kind> <status>" -> count
+    exact: int = 0  # finished normal requests with exactly max_new_tokens tokens
+    wrong_count: int = 0  # finished normal requests with any other count
+    unexpected: int = 0  # a status that its kind of request must not get
+    output_tokens: int = 0
+    ttft_ms: dict[str, float] = field(default_factory=dict)
+    idle_info: dict[str, int] = field(default_factory=dict)
+    invariant_ok: bool = False
+    processes: dict[str, dict[str, float]] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.invariant_ok and not self.wrong_count and not self.unexpected
+
+
+# -- process sampling (psutil when installed, else /proc) -----------------------------------------
+
+
+def service_pids(serve_pid: int) -> dict[str, int]:
+    """The four children of a `radixserve serve` process, by service name."""
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) != serve_pid:
+            continue
+        words = [w.decode(errors="replace") for w in argv]
+        for name in SERVICES:
+            if name in words:
+                found[name] = int(entry.name)
+    return found
+
+
+def sample(pid: int) -> dict[str, float]:
+    """RSS in MiB and open file descriptors of `pid`."""
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        return {"rss_mib": proc.memory_info().rss / 2**20, "fds": float(proc.num_fds())}
+    except ImportError:
+        pass
+    rss_kib = 0
+    for line in (Path("/proc") / str(pid) / "status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss_kib = int(line.split()[1])
+    return {"rss_mib": rss_kib / 1024, "fds": float(len(os.listdir(f"/proc/{pid}/fd")))}
+
+
+# -- the load ------------------------------------------------------------------------------------
+
+
+class _Soak:
+    def __init__(self, cfg: SoakConfig, stub: pb_grpc.GenerateServiceStub, vocab: int, context: int):
+        self.cfg = cfg
+        self.stub = stub
+        self.vocab = vocab
+        self.context = context
+        self.result = SoakResult()
+        self.statuses: collections.Counter[str] = collections.Counter()
+        self.ttft: list[float] = []
+
+    def _request(self, rng: random.Random, kind: str) -> tuple[pb.GenerateRequest, int]:
+        n_in = rng.randint(*self.cfg.input_len)
+        n_out = rng.randint(*self.cfg.output_len)
+        req = pb.GenerateRequest()
+        req.token_ids.ids.extend(rng.randrange(1, min(self.vocab, 10000)) for _ in range(n_in))
+        req.stopping.max_new_tokens = n_out
+        req.stopping.ignore_eos = True
+        if kind == "invalid":
+            flavour = rng.randrange(3)
+            if flavour == 0:
+                req.token_ids.ids[rng.randrange(n_in)] = self.vocab
+            elif flavour == 1:
+                req.stopping.max_new_tokens = self.context
+            else:
+                req.sampling.temperature = -1.0
+        return req, n_out
+
+    async def _one(self, rng: random.Random) -> None:
+        draw = rng.random()
+        kind = ("invalid" if draw < self.cfg.invalid_share
+                else "cancel" if draw < self.cfg.invalid_share + self.cfg.cancel_share else "normal")
+        req, n_out = self._request(rng, kind)
+        cancel_at = rng.randrange(n_out) if kind == "cancel" else -1  # tokens seen before cancel
+        t0 = time.monotonic()
+        call = self.stub.Generate(req, timeout=120)
+        if cancel_at == 0:
+            await asyncio.sleep(rng.uniform(0, 0.05))
+            call.cancel()
+        tokens, first = 0, None
+        try:
+            async for response in call:
+                if response.HasField("delta") and response.delta.token_ids:
+                    first = first or time.monotonic()
+                    tokens += len(response.delta.token_ids)
+                    if 0 < cancel_at <= tokens:
+                        call.cancel()
+            code = grpc.StatusCode.OK
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED  # grpc.aio raises this for a call we cancelled
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+        self._record(kind, code, tokens, n_out, None if first is None else first - t0)
+
+    def _record(self, kind: str, code: grpc.StatusCode, tokens: int, n_out: int,
+                ttft: float | None) -> None:
+        r = self.result
+        r.requests += 1
+        r.output_tokens += tokens
+        self.statuses[f"{kind} {code.name}"] += 1
+        allowed = {"normal": {grpc.StatusCode.OK},
+                   "cancel": {grpc.StatusCode.OK, grpc.StatusCode.CANCELLED},
+                   "invalid": {grpc.StatusCode.INVALID_ARGUMENT}}[kind]
+        if code not in allowed:
+            r.unexpected += 1
+        if kind == "normal" and code == grpc.StatusCode.OK:
+            if tokens == n_out:
+                r.exact += 1
+            else:
+                r.wrong_count += 1
+            if ttft is not None:
+                self.ttft.append(ttft)
+
+    async def _client(self, index: int, deadline: float) -> None:
+        rng = random.Random(self.cfg.seed * 100003 + index)
+        while time.monotonic() < deadline:
+            await self._one(rng)
+
+
+async def _wait_idle(stub: pb_grpc.GenerateServiceStub, timeout_s: float) -> tuple[bool, dict[str, int]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+        fields = {f.name: getattr(info, f.name) for f in info.DESCRIPTOR.fields
+                  if isinstance(getattr(info, f.name), int)}
+        idle = (info.running_requests == 0 and info.waiting_requests == 0
+                and info.kv_pages_free + info.kv_pages_evictable == info.kv_pages_total
+                and info.gateway_live_requests == 0 and info.detokenizer_live_requests == 0)
+        if idle or time.monotonic() > deadline:
+            return idle, fields
+        await asyncio.sleep(0.1)
+
+
+async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
+    pids = service_pids(serve_pid) if serve_pid else {}
+    before = {name: sample(pid) for name, pid in pids.items()}
+    async with grpc.aio.insecure_channel(cfg.target) as channel:
+        stub = pb_grpc.GenerateServiceStub(channel)
+        info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+        soak = _Soak(cfg, stub, info.vocab_size, info.max_context)
+        start = time.monotonic()
+        deadline = start + cfg.duration_s
+        await asyncio.gather(*(soak._client(i, deadline) for i in range(cfg.clients)))
+        result = soak.result
+        result.duration_s = time.monotonic() - start
+        result.statuses = dict(sorted(soak.statuses.items()))
+        result.ttft_ms = _percentiles(soak.ttft)  # already in ms
+        result.invariant_ok, result.idle_info = await _wait_idle(stub, 30.0)
+    for name, pid in pids.items():
+        after = sample(pid)
+        result.processes[name] = {
+            "rss_before_mib": before[name]["rss_mib"], "rss_after_mib": after["rss_mib"],
+            "fds_before": before[name]["fds"], "fds_after": after["fds"],
+        }
+    return result
+
+
+def format_table(cfg: SoakConfig, r: SoakResult) -> str:
+    rows = [
+        f"{cfg.clients} clients, {cfg.duration_s:.0f} s of load ({r.duration_s:.0f} s with the "
+        f"last requests' tail), cancel share {cfg.cancel_share:.0%}, "
+        f"invalid share {cfg.invalid_share:.0%}, input {cfg.input_len[0]}-{cfg.input_len[1]}, "
+        f"output {cfg.output_len[0]}-{cfg.output_len[1]} tokens",
+        "",
+        "| outcome | count |", "|---|---|",
+        f"| requests | {r.requests} |",
+        *(f"| {name} | {count} |" for name, count in r.statuses.items()),
+        f"| normal, exact token count | {r.exact} |",
+        f"| normal, wrong token count | {r.wrong_count} |",
+        f"| unexpected status | {r.unexpected} |",
+        f"| output tokens (tok/s) | {r.output_tokens} ({r.output_tokens / max(r.duration_s, 1e-9):.0f}) |",
+        f"| TTFT p50 / p99 (ms, normal) | {r.ttft_ms.get('p50', 0):.0f} / {r.ttft_ms.get('p99', 0):.0f} |",
+        "",
+        "| pool at the end | value |", "|---|---|",
+        *(f"| {k} | {r.idle_info.get(k, 0)} |" for k in (
+            "running_requests", "waiting_requests", "kv_pages_total", "kv_pages_free",
+            "kv_pages_evictable", "kv_pages_protected", "gateway_live_requests",
+            "detokenizer_live_requests")),
+        f"| invariant holds | {'yes' if r.invariant_ok else 'NO'} |",
+    ]
+    if r.processes:
+        rows += ["", "| service | RSS before (MiB) | RSS after (MiB) | fds before | fds after |",
+                 "|---|---|---|---|---|"]
+        rows += [f"| {name} | {p['rss_before_mib']:.0f} | {p['rss_after_mib']:.0f} | "
+                 f"{p['fds_before']:.0f} | {p['fds_after']:.0f} |" for name, p in r.processes.items()]
+    return "\n".join(rows)
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi or lo)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="radixserve bench soak", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
+    p.add_argument("--launch", action="store_true",
+                   help="start `radixserve serve` for the run (extra flags after --)")
+    p.add_argument("--model", default="demo", help="model for --launch")
+    p.add_argument("--serve-pid", type=int, default=None,
+                   help="pid of a running `radixserve serve`, to sample its services' RSS")
+    p.add_argument("--clients", type=int, default=200)
+    p.add_argument("--duration", type=float, default=300.0, help="seconds of load")
+    p.add_argument("--cancel-share", type=float, default=0.3)
+    p.add_argument("--invalid-share", type=float, default=0.01)
+    p.add_argument("--input-len", default="4-256", help="prompt length range MIN-MAX")
+    p.add_argument("--output-len", default="4-64", help="max_new_tokens range MIN-MAX")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_path", help="write the result here")
+    args, extra = p.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    if extra and not args.launch:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    proc, target, serve_pid = None, args.target, args.serve_pid
+    if args.launch:
+        proc, target = _launch(args.model, extra)
+        serve_pid = proc.pid
+    try:
+        cfg = SoakConfig(target, args.clients, args.duration, args.cancel_share,
+                         args.invalid_share, _range(args.input_len), _range(args.output_len),
+                         args.seed)
+        result = asyncio.run(run(cfg, serve_pid))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+    print(format_table(cfg, result))
+    if args.json_path:
+        payload: dict[str, Any] = {"config": asdict(cfg), "result": asdict(result)}
+        Path(args.json_path).write_text(json.dumps(payload, indent=2))
+    return 0 if result.passed else 1
