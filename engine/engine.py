@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
+
 import torch
 
 from radixserve.engine.attention import StepLayout, create_backend
@@ -24,7 +25,8 @@ from radixserve.engine.cuda_graph import CudaGraphRunner, graph_batch_sizes
 from radixserve.engine.distributed import get_comm
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.kvcache.table import TableManager
-from radixserve.engine.memory import graph_reserve_bytes, kv_page_bytes, plan_kv_pages, profile_activation_bytes
+from radixserve.engine.memory import (graph_reserve_bytes, kv_page_bytes, plan_kv_pages,
+                                      profile_activation_bytes)
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.models.dummy import init_dummy_model
 from radixserve.engine.models.loader import load_model

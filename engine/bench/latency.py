@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from radixserve.engine.bench.common import device_name, print_table, write_json
 from radixserve.engine.bench.driver import build_core, drive, greedy_params, median, release
 from radixserve.engine.bench.models import write_model_dir
@@ -58,8 +57,6 @@ def hf_latency(model_dir: Path, prompt_len: int, new_tokens: int) -> dict[str, A
 
     timed(4)  # warm-up
     one, many = timed(1), timed(new_tokens + 1)
-    del model
-    torch.cuda.empty_cache()
     return {"system": "transformers.generate", "batch": 1, "graphs": False, "overlap": False,
             "ms_per_token": 1e3 * (many - one) / new_tokens, "backend": "sdpa"}
 
