@@ -64,7 +64,7 @@ class LLM:
                 outputs[rid] = GenerationOutput(prompt if isinstance(prompt, str) else list(prompt))
                 detoks[rid] = IncrementalDetokenizer(self.tokenizer, ids, stop=p.stop,
                                                      include_stop_str=p.include_stop_str)
-        except Exception:
+        except BaseException:
             for rid in outputs:  # all or nothing: a bad prompt leaves no request behind
                 self.core.abort(rid)
             raise
