@@ -129,3 +129,54 @@ def test_admission_is_validated(path):
 
     with pytest.raises(ValueError, match="admission"):
         EngineConfig(model_path=str(path), admission="eager")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("cache", ["radix", "naive"])
+def test_abort_while_retracted_and_while_readmitted(path, make_llm, greedy_reference, overlap, cache):
+    """RELIABILITY 11: abort requests that sit in the queue after a retraction, and requests that
+    are being admitted again (small prefill chunks: prompt + outputs take several steps to
+    re-prefill; with the naive cache nothing of it is reused, so the re-prefill always spans
+    several steps). Each abort frees the request at once, nothing is emitted for it afterwards, the
+    others produce exactly the unpressured outputs, and the pool invariant holds."""
+    prompts, expected = greedy_reference
+    llm = make_llm(path, num_pages=int(0.3 * demand_pages(prompts, MAX_NEW, 4)), page_size=4,
+                   max_prefill_tokens=16, overlap=overlap, admission="optimistic", cache=cache)
+    core, sched = llm.core, llm.core.scheduler
+    p = SamplingParams(temperature=0, max_new_tokens=MAX_NEW, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        core.add_request(f"r{i}", prompt, p)
+    got: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    aborted: dict[str, str] = {}  # rid -> phase
+    seen: list[str] = []  # retracted requests, in the order they were first seen waiting
+
+    def abort(req, phase: str) -> None:
+        assert core.abort(req.rid)
+        assert req.finished and req.slot == -1
+        assert req not in sched.waiting and req not in sched.running
+        assert not core.abort(req.rid)  # a second abort is a no-op, never a double free
+        aborted[req.rid] = phase
+
+    while core.has_work():
+        for out in core.step():
+            assert out.rid not in aborted, f"{out.rid} emitted after its abort"
+            got[out.rid].extend(out.token_ids)
+        phases = list(aborted.values())
+        # Every other retracted request is aborted in the queue; the rest are left to come back.
+        for req in [r for r in sched.waiting if r.output_ids and r.rid not in seen]:
+            seen.append(req.rid)
+            if len(seen) % 2 == 1 and phases.count("retracted") < 3:
+                abort(req, "retracted")
+        readmitting = [r for r in sched.running if r.output_ids and not r.prefill_done]
+        if readmitting and phases.count("readmitting") < 3:
+            abort(readmitting[-1], "readmitting")
+
+    phases = list(aborted.values())
+    assert "retracted" in phases, aborted
+    if cache == "naive":
+        assert "readmitting" in phases, aborted
+    for i in range(len(prompts)):
+        if f"r{i}" not in aborted:
+            assert got[f"r{i}"] == expected[i], f"r{i}"
+    assert sched.retractions_total > 0
+    core.check_integrity()

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from svc_helpers import Stack, free_port, wait_idle
+from radixserve.services.common.auth import SECRET_ENV
+from svc_helpers import INTERNAL_SECRET, Stack, free_port, wait_idle
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +23,9 @@ def stack(demo_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     log = tmp_path_factory.mktemp("stack") / "serve.log"
     metrics_port = free_port()
     # 16 slots: the 32- and 64-stream tests also exercise queued requests and their cancellation.
-    s = Stack("--metrics-port", str(metrics_port), "--max-running-requests", "16", log_path=log)
+    # A known internal secret, so the wire tests can call the internal services directly.
+    s = Stack("--metrics-port", str(metrics_port), "--max-running-requests", "16", log_path=log,
+              env={SECRET_ENV: INTERNAL_SECRET})
     s.metrics_port = metrics_port
     try:
         s.wait_ready()

@@ -224,6 +224,11 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+# The internal secret of the shared stack (conftest.py), known so tests can reach the internal
+# services; `serve` makes up a random one when none is given.
+INTERNAL_SECRET = "test-internal-secret-0123456789"
+
+
 class Stack:
     """`radixserve serve` in a subprocess, on a free port."""
 
@@ -252,6 +257,11 @@ class Stack:
             if f"radixserve.services.cli {name} " in cmdline(pid):
                 return pid
         raise LookupError(name)
+
+    def internal_address(self, name: str) -> str:
+        """The address `serve` gave the tokenizer, detokenizer or scheduler (a private socket)."""
+        argv = cmdline(self.child(name)).split()
+        return argv[argv.index("--address") + 1]
 
     def stop(self, timeout: float = 60.0) -> int:
         children = child_pids(self.proc.pid)

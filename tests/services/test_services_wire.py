@@ -1,7 +1,9 @@
-"""Wire abuse against the shared stack (RELIABILITY 8, 30): a reader that never reads, 1000
-streams on one connection, and a fuzz of mutated GenerateRequest bytes.
+"""Wire abuse against the shared stack (RELIABILITY 8, 27, 30): a reader that never reads, 1000
+streams on one connection, a PING flood, a fuzz of mutated GenerateRequest bytes, and a fuzz of
+every internal RPC of the tokenizer, scheduler and detokenizer.
 
-The fuzz runs for RADIXSERVE_FUZZ_SECONDS (default 20) in CI; run it longer with, e.g.,
+The gateway fuzz runs for RADIXSERVE_FUZZ_SECONDS (default 20) and the internal one for
+RADIXSERVE_INTERNAL_FUZZ_SECONDS (default 15) in CI; run them longer with, e.g.,
     RADIXSERVE_FUZZ_SECONDS=3600 pytest -q tests/services/test_services_wire.py -k fuzz
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -16,7 +19,7 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
-from svc_helpers import Stack, acollect, collect, request
+from svc_helpers import INTERNAL_SECRET, Stack, acollect, alive, collect, request
 
 OK = grpc.StatusCode.OK
 GENERATE = "/radixserve.v1.GenerateService/Generate"
@@ -68,6 +71,58 @@ def test_1000_streams_on_one_connection(stack: Stack) -> None:
     assert codes.count(OK) == 1000, {c: codes.count(c) for c in set(codes)}
     assert time.monotonic() - t0 < 120
     assert collect(stack.stub, request("Hello", max_new_tokens=2)).code == OK
+
+
+def test_ping_flood_gets_goaway(stack: Stack) -> None:
+    """A client that sends PING frames far more often than the gateway allows (no more than one
+    every 10 s, two strikes) with no call open: the server answers GOAWAY ENHANCE_YOUR_CALM
+    ("too_many_pings") or closes the connection, within a few seconds; new clients are served."""
+    import h2.config
+    import h2.connection
+    import h2.errors
+    import h2.events
+
+    sock = socket.create_connection(("127.0.0.1", stack.port), timeout=5)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    goaway: h2.events.ConnectionTerminated | None = None
+    closed = False
+    pings = 0
+    deadline = time.monotonic() + 10
+    sock.settimeout(0.01)
+    try:
+        while goaway is None and not closed and time.monotonic() < deadline:
+            try:
+                conn.ping(pings.to_bytes(8, "big"))
+                pings += 1
+                sock.sendall(conn.data_to_send())
+            except OSError:  # reset by the server while we were still writing
+                closed = True
+                break
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+            if not data:
+                closed = True
+                break
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    goaway = event
+            sock.sendall(conn.data_to_send())  # PING acks of the server's own pings, SETTINGS ack
+    finally:
+        sock.close()
+    assert goaway is not None or closed, f"{pings} pings in 10 s and the connection is still open"
+    if goaway is not None:
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, goaway
+        assert goaway.additional_data == b"too_many_pings", goaway
+    with grpc.insecure_channel(stack.target) as fresh:
+        res = collect(pb_grpc.GenerateServiceStub(fresh), request("Hello", max_new_tokens=2))
+    assert res.code == OK and res.finished.usage.completion_tokens == 2
 
 
 # -- fuzz ----------------------------------------------------------------------------------------
@@ -127,6 +182,115 @@ def test_fuzz_generate_with_mutated_bytes(stack: Stack) -> None:
     while time.monotonic() < deadline:
         one()
     assert sum(seen.values()) >= 100 and seen.get(grpc.StatusCode.INVALID_ARGUMENT), seen
+    assert collect(stack.stub, request("Hello", max_new_tokens=2)).code == OK
+
+
+def _internal_methods() -> list[tuple[str, str, bool, bool, list[bytes]]]:
+    """(service, method path, client streaming, server streaming, valid seed messages) for every
+    RPC of the internal services."""
+    from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok
+    from radixserve.internal.scheduler.v1 import scheduler_pb2 as sched
+    from radixserve.internal.tokenizer.v1 import tokenizer_pb2 as tok
+
+    seeds = {
+        "TokenizerService.Process": [
+            tok.ProcessRequest(jobs=[
+                tok.Job(job_id="f1", encode_text=tok.EncodeText(text="Hello world")),
+                tok.Job(job_id="f2", encode_chat=tok.EncodeChat(
+                    messages=[tok.ChatMessage(role="user", content="Hi")], add_generation_prompt=True)),
+                tok.Job(job_id="f3", decode=tok.Decode(token_ids=[5, 6, 7]))])],
+        "SchedulerService.Submit": [
+            sched.SubmitRequest(requests=[sched.NewRequest(
+                request_id="fuzz-1", prompt_ids=[5, 6, 7],
+                sampling=sched.SamplingParams(max_new_tokens=2, top_k=3, temperature=0.5))]),
+            sched.SubmitRequest(abort_ids=["fuzz-1", "nobody"])],
+        "DetokenizerService.Process": [
+            detok.ProcessRequest(
+                aborted_ids=["fuzz-0"],
+                setups=[detok.RequestSetup(request_id="fuzz-2", prompt_ids=[5, 6],
+                                           options=detok.RequestOptions(stop=["x"]))],
+                outputs=[detok.TokenOutput(request_id="fuzz-2", token_ids=[7, 8], prompt_tokens=2,
+                                           finish_reason=detok.FINISH_REASON_LENGTH)])],
+    }
+    methods = []
+    for name, module in (("tokenizer", tok), ("scheduler", sched), ("detokenizer", detok)):
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for m in service.methods:
+                empty = m.input_type._concrete_class().SerializeToString()
+                valid = [msg.SerializeToString() for msg in seeds.get(f"{service.name}.{m.name}", [])]
+                methods.append((name, f"/{service.full_name}/{m.name}", m.client_streaming,
+                                m.server_streaming, [empty, *valid]))
+    return methods
+
+
+def _call_raw(channel: grpc.Channel, method: str, client_streaming: bool, server_streaming: bool,
+              payload: bytes, metadata: tuple, timeout: float) -> tuple[grpc.StatusCode, str]:
+    """One call with raw bytes (identity serializers); a stream sends the payload and half-closes."""
+    try:
+        if client_streaming and server_streaming:
+            for _ in channel.stream_stream(method)(iter([payload]), metadata=metadata, timeout=timeout):
+                pass
+        elif server_streaming:
+            for _ in channel.unary_stream(method)(payload, metadata=metadata, timeout=timeout):
+                pass
+        elif client_streaming:
+            channel.stream_unary(method)(iter([payload]), metadata=metadata, timeout=timeout)
+        else:
+            channel.unary_unary(method)(payload, metadata=metadata, timeout=timeout)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    return OK, ""
+
+
+def test_fuzz_internal_endpoints(stack: Stack) -> None:
+    """RELIABILITY 27: random bytes and truncated or mutated valid messages on every internal RPC.
+    Each call ends with a status: UNAUTHENTICATED without the secret (before any parsing), else a
+    clean refusal or a normal end; no service dies and the gateway keeps serving."""
+    from radixserve.services.common.auth import METADATA_KEY
+
+    budget_s = float(os.environ.get("RADIXSERVE_INTERNAL_FUZZ_SECONDS", "15"))
+    secret = ((METADATA_KEY, INTERNAL_SECRET),)
+    pids = {name: stack.child(name) for name in ("tokenizer", "detokenizer", "scheduler", "gateway")}
+    methods = _internal_methods()
+    channels = {name: grpc.insecure_channel(stack.internal_address(name))
+                for name in ("tokenizer", "scheduler", "detokenizer")}
+    seen: dict[tuple[str, grpc.StatusCode], int] = {}
+    try:
+        for name, method, cs, ss, seeds in methods:
+            for metadata in ((), ((METADATA_KEY, INTERNAL_SECRET + "x"),)):
+                code, _ = _call_raw(channels[name], method, cs, ss, b"\xff\x00garbage", metadata, 5)
+                assert code == grpc.StatusCode.UNAUTHENTICATED, (method, metadata, code)
+
+        @settings(max_examples=100, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(which=st.integers(0, len(methods) - 1), data=st.data(),
+               edits=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 1 << 16),
+                                        st.integers(0, 255)), max_size=6))
+        def one(which: int, data: st.DataObject, edits: list[tuple[int, int, int]]) -> None:
+            name, method, cs, ss, seeds = methods[which]
+            seed = data.draw(st.sampled_from(seeds) | st.binary(max_size=64))
+            payload = _mutate(seed, edits)
+            # Subscribe never ends by itself: a short deadline ends it once the request parsed.
+            code, details = _call_raw(channels[name], method, cs, ss, payload, secret, 2)
+            seen[(method, code)] = seen.get((method, code), 0) + 1
+            clean = (code in (OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DEADLINE_EXCEEDED)
+                     or (code == grpc.StatusCode.INTERNAL and "deserializ" in details)
+                     # A request stream's message that does not parse is raised by grpc inside
+                     # the handler's `async for` (ErrorInterceptor wraps only unary requests):
+                     # UNKNOWN naming the DecodeError, the stream ends, the service stays up.
+                     or (cs and code == grpc.StatusCode.UNKNOWN and "DecodeError" in details))
+            assert clean, (method, code, details, payload)
+
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            one()
+    finally:
+        for channel in channels.values():
+            channel.close()
+    assert {m for m, _ in seen} == {m for _, m, _, _, _ in methods}, seen
+    assert any(code != OK for _, code in seen), seen
+    for name, pid in pids.items():
+        assert alive(pid), f"the {name} died"
     assert collect(stack.stub, request("Hello", max_new_tokens=2)).code == OK
 
 
