@@ -176,6 +176,26 @@ def format_table(results: list[LevelResult]) -> str:
     return "\n".join(rows) + "\n(latencies in ms)"
 
 
+def _vocab_of(model: str) -> int:
+    from radixserve.engine.llm import resolve_model_path
+    from radixserve.engine.models.config import ModelArgs
+
+    return ModelArgs.from_folder(resolve_model_path(model)).vocab_size
+
+
+def offline_tok_s(model: str, cfg: BenchConfig, vocab: int) -> float:
+    """The same workload through the offline engine in this process: the service plane's ceiling."""
+    from radixserve.engine import LLM, SamplingParams
+
+    work = _workload(cfg, vocab)
+    llm = LLM(model, max_running_requests=max(cfg.concurrencies))
+    params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=m, ignore_eos=True) for _, m in work]
+    llm.generate([work[0][0]], SamplingParams(max_new_tokens=2))  # warm-up, as the gateway run does
+    start = time.perf_counter()
+    outs = llm.generate([p for p, _ in work], params)
+    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
+
+
 def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     """Start `radixserve serve` on a free port and wait until its gateway is SERVING."""
     import socket
@@ -221,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="Poisson arrivals per second (default inf: a burst)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--offline-baseline", action="store_true",
+                   help="after the serving run, run the same requests through the offline engine "
+                        "(--model, engine defaults, slots = the largest concurrency) and report the ratio")
     p.add_argument("--json", dest="json_path", help="write the results here")
     args, extra = p.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
@@ -240,8 +263,15 @@ def main(argv: list[str] | None = None) -> int:
             proc.terminate()
             proc.wait(60)
     print(format_table(results))
+    payload: dict[str, Any] = {"config": asdict(cfg), "results": [asdict(r) for r in results]}
+    if args.offline_baseline:  # runs after the stack has stopped, so it has the machine to itself
+        best = max(results, key=lambda r: r.output_tok_s)
+        offline = offline_tok_s(args.model, cfg, vocab=_vocab_of(args.model))
+        payload["offline_tok_s"] = offline
+        print(f"offline engine, same requests: {offline:.1f} tok/s; best through the gateway: "
+              f"{best.output_tok_s:.1f} tok/s at concurrency {best.concurrency} "
+              f"({best.output_tok_s / offline:.2f} of offline)")
     if args.json_path:
-        payload: dict[str, Any] = {"config": asdict(cfg), "results": [asdict(r) for r in results]}
         with open(args.json_path, "w") as f:
             json.dump(payload, f, indent=2)
     return 1 if any(r.failed for r in results) else 0

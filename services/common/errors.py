@@ -7,6 +7,7 @@ else that escapes a handler is a bug: it is logged with its traceback and answer
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -91,8 +92,9 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps ServiceError to its status, anything unexpected to INTERNAL, and reports final codes.
 
-    Only unary-unary and unary-stream handlers are wrapped: streaming-request RPCs are internal
-    long-lived streams whose handlers own their error handling.
+    Request-stream RPCs (the internal long-lived streams) keep their own error handling; the
+    interceptor only checks each incoming message, so one that does not parse ends the stream
+    with INVALID_ARGUMENT like a malformed unary request.
     """
 
     def __init__(self, on_status: StatusCallback | None = None) -> None:
@@ -116,6 +118,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, handler.unary_stream),
+                request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                _checked_stream(handler.stream_stream),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
@@ -171,6 +179,36 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             log.exception("bug in %s", method)
             self._report(method, grpc.StatusCode.INTERNAL)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
+
+
+def _checked_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    """Hand the handler only messages that parsed; the first that did not ends the call.
+
+    Handlers come in both of grpc's styles (an async generator, or a coroutine that writes with
+    `context.write`); the wrapper keeps the style, since grpc forbids mixing the two.
+    """
+
+    def parsed(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def gen() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, _Malformed):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"a stream message could not be parsed ({request.reason})")
+                yield request
+
+        return gen()
+
+    if inspect.isasyncgenfunction(behavior):
+        async def streaming(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async for response in behavior(parsed(requests, context), context):
+                yield response
+
+        return streaming
+
+    async def writing(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        return await behavior(parsed(requests, context), context)
+
+    return writing
 
 
 def _reject_malformed(request: Any) -> None:
