@@ -9,6 +9,10 @@ one step later (output_ids), so output_ids may trail device_len by the in-flight
 
 fill_len is how many tokens are prefilled before sampling starts: the prompt, or, for a request
 retracted under KV pressure and admitted again, the prompt plus the outputs it already has.
+
+cache_len (>= matched_len, page-aligned) is the prefix whose pages the prefix cache owns and this
+request holds locked through cache_handle: the match at admission, grown as prefill pages are
+published to the cache (Scheduler._publish) so later requests can share them before this one ends.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class Req:
     cached_len: int = 0
     device_len: int = 0
     cache_handle: Any = None
+    cache_len: int = 0
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     matched_stop_token: int | None = None

@@ -27,6 +27,8 @@ class PrefixCache(ABC):
     are evictable and go back to the allocator, least recently used first, when pages run short.
     """
 
+    shares = True  # whether inserted pages can be matched by later requests
+
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
 

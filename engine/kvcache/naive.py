@@ -11,6 +11,7 @@ from radixserve.engine.kvcache.base import CacheSizes, MatchResult, PrefixCache
 
 
 class NaivePrefixCache(PrefixCache):
+    shares = False
     def match(self, tokens: np.ndarray) -> MatchResult:
         return MatchResult(0, torch.empty(0, dtype=torch.int64), None)
 

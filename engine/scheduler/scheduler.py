@@ -80,6 +80,9 @@ class Scheduler:
         P = self.page_size
         self._retracted_this_step = False
         self.estimate.on_step()
+        if self.cache.shares:
+            for req in self.running:
+                self._publish(req)
         self._make_room_for_decodes()
         for req in self.running:
             if req.can_decode:
@@ -118,7 +121,7 @@ class Scheduler:
         self.waiting.remove(req)
         req.slot = self.table.alloc_slot()
         req.status = ReqStatus.RUNNING
-        req.matched_len = req.cached_len = req.device_len = match.length
+        req.matched_len = req.cache_len = req.cached_len = req.device_len = match.length
         req.fill_len = len(ids)
         req.cache_handle = match.handle
         self.table.set_locations(req.slot, 0, match.locations)
@@ -144,6 +147,31 @@ class Scheduler:
         req.device_len = end + 1 if last else end
         return end - start
 
+    def _publish(self, req: Req) -> None:
+        """Hand the cache the full pages of prefill that launched steps have computed.
+
+        Runs before this step's work is added, so every published page is written by an earlier
+        step (the device orders later readers after it). Where the cache already holds the same
+        tokens (a twin request prefilled them first), the request switches to the cache's pages and
+        frees its own copies.
+        """
+        P = self.page_size
+        aligned = min(req.cached_len, req.fill_len) // P * P
+        if aligned <= req.cache_len:
+            return
+        tokens = np.asarray(req.token_ids(aligned), dtype=np.int32)
+        row = self.table.page_table_cpu[req.slot]
+        already = self.cache.insert(tokens, row[:aligned].clone())
+        match = self.cache.match(tokens)
+        assert match.length == aligned, "a page inserted into the cache does not match"
+        if already > req.cache_len:
+            own = row[req.cache_len : already : P] // P  # copy before the row is rewritten
+            self.table.set_locations(req.slot, req.cache_len, match.locations[req.cache_len : already])
+            self.allocator.free(own)
+        self.cache.lock(match.handle)
+        self.cache.unlock(req.cache_handle)
+        req.cache_handle, req.cache_len = match.handle, aligned
+
     # -- retraction (optimistic admission) -------------------------------------------------------
     def _make_room_for_decodes(self) -> None:
         """Retract until every decode this step that starts a new page can have one."""
@@ -166,7 +194,7 @@ class Scheduler:
         self._release(req)
         self.running.remove(req)
         req.status = ReqStatus.WAITING
-        req.matched_len = req.cached_len = req.device_len = 0
+        req.matched_len = req.cache_len = req.cached_len = req.device_len = 0
         req.cache_handle = None
         self.waiting.appendleft(req)  # first in line again; its outputs so far are kept
         self.retractions_total += 1
@@ -191,7 +219,7 @@ class Scheduler:
             tokens = np.asarray(req.token_ids(aligned), dtype=np.int32)
             already = self.cache.insert(tokens, row[:aligned].clone())
             # Our own copies of pages the cache already had are duplicates: free them.
-            self.allocator.free(row[req.matched_len : already : P] // P)
+            self.allocator.free(row[req.cache_len : already : P] // P)
         self.allocator.free(row[aligned:held_end:P] // P)
         self.cache.unlock(req.cache_handle)
         self.table.free_slot(req.slot)
