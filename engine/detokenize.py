@@ -85,6 +85,11 @@ class IncrementalDetokenizer:
         return self._chunks[0] if self._chunks else ""
 
     @property
+    def watches_stops(self) -> bool:
+        """Whether the text must be followed token by token (to find a stop string)."""
+        return bool(self._stop)
+
+    @property
     def matched_stop(self) -> str | None:
         """The stop string that ended this request's text, if any."""
         return self._matched_stop

@@ -75,14 +75,19 @@ class LLM:
                 out.token_ids += step.token_ids
                 out.prompt_tokens, out.cached_tokens = step.prompt_tokens, step.cached_tokens
                 out.logprobs += step.logprobs or []
-                delta = detok.push(step.token_ids)
-                out.text += delta.text
-                if delta.stopped is not None:  # a stop string ends the request here
-                    self.core.abort(step.rid)
-                    out.finish_reason, out.matched_stop = "stop_string", delta.stopped
-                elif step.finish_reason is not None:
+                if detok.watches_stops:  # text is needed now only to spot a stop string
+                    delta = detok.push(step.token_ids)
+                    out.text += delta.text
+                    if delta.stopped is not None:  # a stop string ends the request here
+                        self.core.abort(step.rid)
+                        out.finish_reason, out.matched_stop = "stop_string", delta.stopped
+                if out.finish_reason is None and step.finish_reason is not None:
                     out.finish_reason, out.matched_stop = step.finish_reason, step.matched_stop_token
+                    if not detok.watches_stops:  # one decode at the end instead of one per token
+                        out.text = detok.push(out.token_ids).text
                     out.text += detok.flush()
+                    if detok.matched_stop is not None:  # held-back text completed a stop string
+                        out.finish_reason, out.matched_stop = "stop_string", detok.matched_stop
                 if out.finish_reason is not None:
                     pending.discard(step.rid)
         while self.core.has_work():  # retire the step still in flight (its rows are all finished)
