@@ -92,6 +92,8 @@ class LoopSink(Protocol):
     def on_acks(self, acks: Acks) -> None: ...
     def on_step(self, batch: StepBatch) -> None: ...
     def on_fatal(self, exc: BaseException) -> None: ...
+    def on_stalled(self, stalled: bool) -> None:
+        """Readiness hint: no loop progress for half the watchdog time (True), or moving again."""
 
 
 @dataclass(frozen=True)
@@ -171,9 +173,14 @@ class EngineLoop:
         """A healthy loop ends an iteration at least every `idle_poll_s` (idle) or every step
         (busy), so a beat older than `watchdog_s` means a step that hangs: report it and die."""
         limit = float(self._config.watchdog_s or 0.0)
+        stalled = False
         while not self._stopping.wait(min(1.0, limit / 4)):
             beat = self._beat
-            if beat is None or time.monotonic() - beat < limit:
+            age = 0.0 if beat is None else time.monotonic() - beat
+            if (age >= limit / 2) != stalled:  # readiness drops well before the watchdog fires
+                stalled = not stalled
+                self._sink.on_stalled(stalled)
+            if beat is None or age < limit:
                 continue
             self._fired = True
             log.critical("watchdog: no engine loop progress for %.1f s (%d requests live); "

@@ -52,12 +52,13 @@ class SchedulerApp:
         self.fatal = asyncio.Event()
         self.model_ready = False
         self.draining = False
+        self.stalled = False  # the engine loop has not moved for half the watchdog time
         self._gateways: dict[int, asyncio.Queue[pb.SubmitResponse | None]] = {}
         self._link_task: asyncio.Task[None] | None = None
 
     @property
     def accepting(self) -> bool:
-        return self.model_ready and self.link.connected and not self.draining
+        return self.model_ready and self.link.connected and not self.draining and not self.stalled
 
     def start(self) -> None:
         self.loop.start()
@@ -91,6 +92,9 @@ class SchedulerApp:
     def on_fatal(self, exc: BaseException) -> None:
         self._aio.call_soon_threadsafe(self.fatal.set)
 
+    def on_stalled(self, stalled: bool) -> None:
+        self._aio.call_soon_threadsafe(self._set_stalled, stalled)
+
     # -- event loop side ------------------------------------------------------------------------
     def _set_ready(self) -> None:
         self.model_ready = True
@@ -110,6 +114,11 @@ class SchedulerApp:
         queue = self._gateways.get(owner)
         if queue is not None:
             queue.put_nowait(msg)
+
+    def _set_stalled(self, stalled: bool) -> None:
+        self.stalled = stalled
+        log.warning("engine loop %s", "stalled: readiness off" if stalled else "moving again")
+        self._aio.create_task(self._update_health())
 
     async def _update_health(self) -> None:
         if self.health is not None and not self.draining:

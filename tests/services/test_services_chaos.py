@@ -101,6 +101,8 @@ def test_engine_fault_fails_streams_and_stops_the_stack(make_stack: Callable[...
     log = s.log_file.read_text()
     if fault == "hang":
         assert "watchdog: no engine loop progress" in log and "kv_pages_total" in log
+        # Readiness went off at half the watchdog time, before the watchdog fired.
+        assert log.index("stalled: readiness off") < log.index("watchdog: no engine loop progress")
         assert "most recent call first" in log  # the faulthandler dump of every thread
     else:
         assert "InjectedFault" in log

@@ -36,6 +36,7 @@ class Sink:
         self.steps: list[StepBatch] = []
         self.ready = threading.Event()
         self.fatal: list[BaseException] = []
+        self.stalls: list[bool] = []
 
     def on_ready(self, model_info: Any) -> None:
         self.ready.set()
@@ -48,6 +49,9 @@ class Sink:
 
     def on_fatal(self, exc: BaseException) -> None:
         self.fatal.append(exc)
+
+    def on_stalled(self, stalled: bool) -> None:
+        self.stalls.append(stalled)
 
 
 def new(rid: str, n: int = 3, **kw: Any) -> NewRequest:
@@ -141,6 +145,7 @@ def test_loop_injected_fault_is_fatal(spec: str, capfd: pytest.CaptureFixture[st
     expected = faults.InjectedFault if spec.startswith("raise") else WatchdogTimeout
     assert isinstance(sink.fatal[0], expected) and len(sink.fatal) == 1
     if expected is WatchdogTimeout:
+        assert sink.stalls[:1] == [True]  # readiness dropped before the watchdog fired
         import faulthandler
 
         faulthandler.cancel_dump_traceback_later()  # this process is the test runner
@@ -156,7 +161,7 @@ def test_loop_watchdog_quiet_when_idle_or_slow_but_moving() -> None:
     time.sleep(0.6)  # idle
     lp.submit(Submission("gw", [new("a", 8)]))  # 8 steps of 0.1 s: 0.8 s busy, each step short
     time.sleep(1.2)
-    assert not sink.fatal
+    assert not sink.fatal and not sink.stalls
     lp.stop(1)
 
 
