@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.engine.sampling.sampler import Penalties, SamplingBatch
+from radixserve.engine.sampling.sampler import M32, Penalties, SamplingBatch
 from radixserve.engine.scheduler.batch import Batch
 
-_M32 = 0xFFFFFFFF
 
 
 def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...], dev: torch.device) -> SamplingBatch:
@@ -47,8 +46,8 @@ def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...]
         top_k=col([[k] for k in top_k], torch.int64) if any(p.top_k > 1 for p in params) else None,
         top_p=col([[p.top_p] for p in params], torch.float32) if any(p.top_p < 1 for p in params) else None,
         min_p=col([[p.min_p] for p in params], torch.float32) if any(p.min_p > 0 for p in params) else None,
-        seed_lo=col([r.seed & _M32 for r in reqs], torch.int64),
-        seed_hi=col([(r.seed >> 32) & _M32 for r in reqs], torch.int64),
+        seed_lo=col([r.seed & M32 for r in reqs], torch.int64),
+        seed_hi=col([(r.seed >> 32) & M32 for r in reqs], torch.int64),
         step=col(steps, torch.int64),
         penalties=penalties,
         suppress=(col(ban_rows, torch.int64), col(ban_ids, torch.int64)) if ban_rows else None,

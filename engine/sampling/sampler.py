@@ -12,13 +12,13 @@ from typing import NamedTuple
 
 import torch
 
-_M32 = 0xFFFFFFFF
+M32 = 0xFFFFFFFF
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     # Integer avalanche on 32-bit values held in int64 (products stay below 2^59: no overflow).
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _M32
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _M32
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & M32
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & M32
     return x ^ (x >> 16)
 
 
@@ -100,7 +100,7 @@ class Sampler:
                 sorted_p = sorted_p.masked_fill(csum - sorted_p > sb.top_p * csum[:, -1:], 0.0)
             probs = probs.scatter(1, order, sorted_p)
         h = _mix32(sb.seed_lo ^ _mix32(sb.seed_hi + 0x632BE5AB))
-        h = _mix32(h ^ (sb.step & _M32))
+        h = _mix32(h ^ (sb.step & M32))
         noise = _mix32(h[:, None] ^ self._token_hash[None, :])  # (S, V) uniform 32-bit integers
         exp = -torch.log((noise.to(torch.float32) + 0.5) * (1.0 / 4294967296.0))
         return (probs / exp).argmax(dim=-1)
