@@ -79,8 +79,9 @@ def test_killed_service_ends_every_stream_unavailable(make_stack: Callable[..., 
 
 @pytest.mark.parametrize("fault", ["raise", "hang"])
 def test_engine_fault_fails_streams_and_stops_the_stack(make_stack: Callable[..., Stack], fault: str) -> None:
-    # 40 steps: past the warm-up and the first tokens of every stream, well before 3000 tokens.
-    s = make_stack("--watchdog-timeout", str(WATCHDOG_S), env={FAULT_ENV: f"{fault}:40"})
+    # 300 steps: past the warm-up and the first tokens of every stream even when the streams
+    # arrive spread out on a busy machine (40 was sometimes too early), well before 3000 tokens.
+    s = make_stack("--watchdog-timeout", str(WATCHDOG_S), env={FAULT_ENV: f"{fault}:300"})
     children = child_pids(s.proc.pid)
     streams = Streams(s.stub, 8, max_new_tokens=3000)
     streams.wait_decoding()
