@@ -104,7 +104,8 @@ def _add_gateway_limits(p: argparse.ArgumentParser) -> None:
 def _add_watchdog(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watchdog-timeout", type=float, default=60.0,
                    help="seconds an engine step may run before the scheduler dumps its stacks "
-                        "and exits (0: off)")
+                        "and exits; under serve, also how long a service may leave its health "
+                        "check unanswered before the supervisor kills it (0: off)")
 
 
 def _add_security(p: argparse.ArgumentParser) -> None:
@@ -256,9 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(create_demo_model(args.dir))
         return 0
 
-    from radixserve.services.common.lifecycle import die_with_parent, setup_logging
+    from radixserve.services.common.lifecycle import (
+        die_with_parent,
+        dump_stacks_on_sigusr1,
+        setup_logging,
+    )
 
     setup_logging(args.command, args.log_level)
+    dump_stacks_on_sigusr1()
     die_with_parent()
     if args.command == "serve":
         from radixserve.services.supervisor import Supervisor

@@ -9,6 +9,11 @@ UNAVAILABLE to every open stream (it watches its backend streams); the superviso
 stops the remaining children and exits non-zero, so an outer supervisor (systemd, Kubernetes,
 docker restart policy) restarts the whole stack from a clean state. Children get SIGTERM if the
 supervisor itself dies (PR_SET_PDEATHSIG), so nothing is orphaned.
+
+Hung children: once all are ready, each must answer a grpc.health.v1 Check (any status) at least
+once per `--watchdog-timeout`; one that does not gets SIGUSR1 (its stacks go to its log through
+faulthandler, which needs no GIL), then SIGKILL, and the dead-child path above runs. This catches
+what the scheduler's in-process watchdog (a Python thread) cannot: a hang that holds the GIL.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from radixserve.services.config import ServeConfig
 log = logging.getLogger("radixserve.serve")
 POLL_S = 0.1
 STOP_GRACE_S = 10.0  # after a child's own drain, how long before SIGKILL
+PROBE_INTERVAL_S = 1.0  # liveness probes per child: at most one in flight, one a second
+STACK_DUMP_S = 0.5  # between SIGUSR1 (stack dump) and SIGKILL of a hung child
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,7 @@ class Supervisor:
             ready = self._wait_ready(children)
             if ready:
                 log.info("serving %s on %s", self._config.engine.model_path, self._config.gateway_address)
-                failed = self._watch()
+                failed = self._watch(children)
             else:
                 failed = self._stop_signal is None
         finally:
@@ -137,15 +144,35 @@ class Supervisor:
             log.info("%s ready", child.name)
         return True
 
-    def _watch(self) -> bool:
-        """Until a signal (False: clean stop) or a child's death (True: failure)."""
-        while self._stop_signal is None:
-            dead = self._dead_child()
-            if dead is not None:
-                return True
-            time.sleep(POLL_S)
+    def _watch(self, children: list[Child]) -> bool:
+        """Until a signal (False: clean stop) or a child's death (True: failure); a child that
+        stops answering its health check is killed, which makes it a death."""
+        timeout_s = self._config.watchdog_timeout_s
+        liveness = Liveness(children, timeout_s) if timeout_s > 0 else None
+        try:
+            while self._stop_signal is None:
+                if self._dead_child() is not None:
+                    return True
+                silent = liveness.silent() if liveness is not None else None
+                if silent is not None:
+                    self._kill_hung(silent, timeout_s)
+                time.sleep(POLL_S)
+        finally:
+            if liveness is not None:
+                liveness.close()
         log.info("signal %d: draining", self._stop_signal)
         return False
+
+    def _kill_hung(self, name: str, timeout_s: float) -> None:
+        proc = self._procs[name]
+        log.critical("%s (pid %d) has not answered its health check for %.1f s (hung; a stuck "
+                     "call holding the GIL escapes its own watchdog): dumping its stacks to its "
+                     "log and killing it", name, proc.pid, timeout_s)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGUSR1)  # children register faulthandler for it
+            time.sleep(STACK_DUMP_S)
+            proc.kill()
+            proc.wait()
 
     def _dead_child(self) -> str | None:
         for name, proc in self._procs.items():
@@ -162,6 +189,53 @@ class Supervisor:
         if gateway is not None:
             _terminate([gateway], drain_s + STOP_GRACE_S)
         _terminate([p for n, p in self._procs.items() if n != "gateway"], drain_s + STOP_GRACE_S)
+
+
+class Liveness:
+    """Out-of-process hang check of the children, polled from the supervisor's loop.
+
+    Why a health Check and not a heartbeat file or shared memory: an answer needs the child's
+    gRPC server, its event loop and the GIL, which is exactly what serving needs, so it catches a
+    wedged event loop as well as a GIL hang; a heartbeat thread could keep beating through the
+    former. It adds no code, file or cleanup to the children, and costs one tiny RPC per child per
+    second on a channel kept open. The probes are futures, so one silent child never delays the
+    supervisor's other checks. Any status counts as an answer: NOT_SERVING is alive.
+    """
+
+    def __init__(self, children: list[Child], timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._interval_s = min(PROBE_INTERVAL_S, timeout_s / 4)
+        self._channels = {c.name: grpc.insecure_channel(c.address) for c in children}
+        self._stubs = {n: health_pb2_grpc.HealthStub(ch) for n, ch in self._channels.items()}
+        now = time.monotonic()
+        self._answered = dict.fromkeys(self._stubs, now)
+        self._sent = dict.fromkeys(self._stubs, now - self._interval_s)
+        self._pending: dict[str, grpc.Future] = {}
+
+    def silent(self) -> str | None:
+        """The first child that has not answered for `timeout_s`, or None."""
+        now = time.monotonic()
+        for name, stub in self._stubs.items():
+            pending = self._pending.get(name)
+            if pending is not None and pending.done():
+                if pending.exception() is None:
+                    self._answered[name] = now
+                del self._pending[name]
+                pending = None
+            if pending is None and now - self._sent[name] >= self._interval_s:
+                # The deadline only bounds one probe; silence is judged over `timeout_s`.
+                self._pending[name] = stub.Check.future(
+                    health_pb2.HealthCheckRequest(service=""), timeout=self._timeout_s)
+                self._sent[name] = now
+            if now - self._answered[name] > self._timeout_s:
+                return name
+        return None
+
+    def close(self) -> None:
+        for pending in self._pending.values():
+            pending.cancel()
+        for channel in self._channels.values():
+            channel.close()
 
 
 def _serving(stub: health_pb2_grpc.HealthStub) -> bool:

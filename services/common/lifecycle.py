@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -35,6 +36,13 @@ def die_with_parent() -> None:
     if os.getppid() != int(expected):
         log.error("supervisor %s is gone; exiting", expected)
         sys.exit(1)
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """SIGUSR1 writes every thread's stack to stderr (the service's log). faulthandler does it from
+    the signal handler in C, so it works even while a stuck native call holds the GIL; the
+    supervisor sends it to a hung child just before killing it."""
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
 def setup_logging(service: str, level: str = "INFO") -> None:

@@ -1,19 +1,23 @@
 """Test-only fault injection for the failure tests (RELIABILITY 20, 21). Never set in production.
 
 `RADIXSERVE_TEST_FAULT=hang:N` makes every engine step after the first N (warm-up steps
-included) sleep forever; `raise:N` makes it raise `InjectedFault` instead. The variable is read
-once, when the scheduler starts; unset (the normal case) leaves the engine untouched.
+included) sleep forever; `raise:N` makes it raise `InjectedFault` instead; `gil:N` makes it sleep
+forever *holding the GIL*, so no other Python thread of the scheduler (its event loop, its
+in-process watchdog) runs again: only the supervisor's out-of-process check can catch it. The
+variable is read once, when the scheduler starts; unset (the normal case) leaves the engine
+untouched.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
 FAULT_ENV = "RADIXSERVE_TEST_FAULT"
-KINDS = ("hang", "raise")
+KINDS = ("hang", "raise", "gil")
 
 
 class InjectedFault(RuntimeError):
@@ -25,7 +29,7 @@ def parse(spec: str | None) -> tuple[str, int] | None:
         return None
     kind, _, after = spec.partition(":")
     if kind not in KINDS or not after.isdigit():
-        raise ValueError(f"{FAULT_ENV}={spec!r}: expected hang:N or raise:N")
+        raise ValueError(f"{FAULT_ENV}={spec!r}: expected hang:N, raise:N or gil:N")
     return kind, int(after)
 
 
@@ -52,6 +56,20 @@ class _Faulty:
         if self._left <= 0:
             if self._kind == "raise":
                 raise InjectedFault("injected engine step failure")
+            if self._kind == "gil":
+                hold_gil_forever()
             threading.Event().wait()  # hang: nothing ever sets it
         self._left -= 1
         return self._engine.step()
+
+
+def hold_gil_forever() -> None:
+    """Block in C without releasing the GIL, like a native call that forgot to release it.
+
+    Functions of a `ctypes.PyDLL` keep the GIL during the call (those of a `CDLL` release it), so
+    libc `sleep` through PyDLL stops every Python thread of the process without burning a core.
+    A signal ends a `sleep` early; the loop goes straight back in.
+    """
+    libc = ctypes.PyDLL(None)
+    while True:
+        libc.sleep(3600)

@@ -1,11 +1,15 @@
 """Process failures, each on a stack of its own: readiness during startup, a killed scheduler,
-tokenizer, detokenizer or gateway, an engine step that raises or hangs (watchdog), a killed
-supervisor, and a drain under load (RELIABILITY 19-24)."""
+tokenizer, detokenizer or gateway, an engine step that raises or hangs (watchdog), a hang that
+holds the GIL (the supervisor's liveness check), a killed supervisor, and a drain under load
+(RELIABILITY 19-24)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +18,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 from radixserve.services.scheduler.faults import FAULT_ENV
-from svc_helpers import Stack, Streams, alive, assert_gone, child_pids, collect, health_status, request
+from svc_helpers import (
+    Stack,
+    Streams,
+    alive,
+    assert_gone,
+    child_pids,
+    collect,
+    health_status,
+    request,
+)
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -91,7 +104,9 @@ def test_engine_fault_fails_streams_and_stops_the_stack(make_stack: Callable[...
         t0 = time.monotonic()
         assert health_status(s.target) is not None
         assert time.monotonic() - t0 < 0.5
-    streams.join(WATCHDOG_S + 15)
+    # The 300 steps before the fault take 5-30 s on a loaded 2-core box; the bound that matters
+    # is measured from the last token below.
+    streams.join(90)
     stuck_at = max(streams.last_token_at)
     # UNAVAILABLE: the gateway lost its scheduler; a restarted stack may serve a retry.
     assert streams.codes == [UNAVAILABLE] * 8
@@ -107,6 +122,59 @@ def test_engine_fault_fails_streams_and_stops_the_stack(make_stack: Callable[...
         assert "most recent call first" in log  # the faulthandler dump of every thread
     else:
         assert "InjectedFault" in log
+
+
+def test_gil_hang_escapes_the_in_process_watchdog() -> None:
+    """The premise of the supervisor's check: a step that holds the GIL stops the scheduler's
+    watchdog thread too, so it never fires (if it could, it would exit the process in ~1.5 s)."""
+    script = textwrap.dedent("""
+        from svc_helpers import FakeEngine
+        from radixserve.engine.sampling.params import SamplingParams
+        from radixserve.services.scheduler import faults
+        from radixserve.services.scheduler.loop import EngineLoop, LoopConfig, NewRequest, Submission
+
+        class Sink:
+            def __getattr__(self, name):
+                return lambda *args: print(name, flush=True)
+
+        loop = EngineLoop(faults.wrap_factory(FakeEngine, "gil:3"), Sink(), LoopConfig(
+            warmup=False, idle_poll_s=0.05, watchdog_s=1.0, watchdog_exit_grace_s=0.5))
+        loop.start()
+        loop.submit(Submission("gw", [NewRequest("a", [5], SamplingParams(max_new_tokens=50))]))
+        loop._thread.join()
+    """)
+    path = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path})
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(6.0)
+    finally:
+        proc.kill()
+    out = proc.communicate()[0].decode()
+    assert "on_ready" in out and "on_step" in out, out  # it ran, then hung
+    assert "on_fatal" not in out and "on_stalled" not in out and "watchdog" not in out, out
+
+
+def test_gil_hang_is_killed_by_the_supervisor(make_stack: Callable[..., Stack]) -> None:
+    s = make_stack("--watchdog-timeout", str(WATCHDOG_S), env={FAULT_ENV: "gil:300"})
+    children = child_pids(s.proc.pid)
+    streams = Streams(s.stub, 8, max_new_tokens=3000)
+    streams.wait_decoding()
+    # The 300 steps before the fault take 5-30 s on a loaded 2-core box; the bound that matters
+    # is measured from the last token below.
+    streams.join(90)
+    stuck_at = max(streams.last_token_at)
+    assert streams.codes == [UNAVAILABLE] * 8
+    # Silence for WATCHDOG_S, a probe interval and the 0.5 s stack dump, then the usual < 5 s.
+    assert max(streams.ended_at) - stuck_at < WATCHDOG_S + 5
+    assert max(streams.tokens) < 3000
+    _stack_fails_cleanly(s, children)
+    log = s.log_file.read_text()
+    assert "scheduler (pid" in log and "has not answered its health check" in log
+    assert "hold_gil_forever" in log  # the stack dump (SIGUSR1, faulthandler) shows where
+    # Only the supervisor saw it: the scheduler's own watchdog never ran.
+    assert "watchdog: no engine loop progress" not in log and "stalled" not in log
 
 
 def test_drain_finishes_what_fits_and_ends_the_rest(make_stack: Callable[..., Stack]) -> None:
