@@ -6,38 +6,20 @@
 //  - Deep chains (8.6k nodes of ~3 tokens): ~0.9 us of interpreter work per node dominates however
 //    the compare is done, so one call per node must do all of that node's work: scan the siblings
 //    and compare the winner (rs_match_children_*), with no Python loop over children and no slices.
-//  - The walk itself stays in Python: nodes carry ref counts, LRU stamps and KV page indices owned
-//    by the prefix cache, and a C walk would need the tree mirrored into flat arrays and kept in
-//    sync on every insert, split and eviction, two owners for one structure.
+//  - The radix prefix cache no longer walks in Python at all: radix_tree.cpp owns the whole tree
+//    and uses the same compare (compare.h). These helpers remain for callers with their own trees.
 //
 // Conventions: no exceptions, no allocation, no global state; every argument is checked before
 // the first read, so bad input from Python yields a status code, never a crash.
 #include "prefix.h"
 
-#include <cstddef>
 #include <cstdint>
-#include <cstring>
+
+#include "compare.h"
 
 namespace {
 
-// Advances i over whole chunks of `chunk` elements that are bitwise equal in a and b.
-template <typename T>
-int64_t skip_equal(const T* a, const T* b, int64_t i, int64_t n, int64_t chunk) {
-  const size_t bytes = static_cast<size_t>(chunk) * sizeof(T);
-  while (i + chunk <= n && std::memcmp(a + i, b + i, bytes) == 0) i += chunk;
-  return i;
-}
-
-// libc memcmp is SIMD-dispatched at run time (AVX2 where present), which beats a hand-written loop
-// built for the portable baseline ISA by ~2.5x on 32k tokens. 1 KiB chunks skip equal runs; 64 B
-// chunks then narrow the differing chunk, so the scalar scan touches at most 64 bytes.
-template <typename T>
-int64_t mismatch(const T* a, const T* b, int64_t n) {
-  int64_t i = skip_equal(a, b, 0, n, 1024 / static_cast<int64_t>(sizeof(T)));
-  i = skip_equal(a, b, i, n, 64 / static_cast<int64_t>(sizeof(T)));
-  while (i < n && a[i] == b[i]) ++i;
-  return i;
-}
+using radixserve::mismatch;
 
 template <typename T>
 int first_mismatch(const T* a, int64_t a_len, const T* b, int64_t b_len, int64_t* out) {
@@ -120,6 +102,18 @@ const char* rs_strerror(int status) {
     case RS_ERR_LENGTH: return "negative length or key count";
     case RS_ERR_OFFSET: return "offset outside [0, len(prompt)]";
     case RS_ERR_KEY_OFFSETS: return "key offsets must be non-decreasing within [0, len(keys)]";
+    case RS_ERR_PAGE_SIZE: return "page size must be at least 1";
+    case RS_ERR_ALIGN: return "length must be a multiple of the page size";
+    case RS_ERR_HANDLE: return "handle names no live node (stale: evicted since the match)";
+    case RS_ERR_UNLOCK: return "unlock without a matching lock";
+    case RS_ERR_CAPACITY: return "output buffer too small";
+    case RS_ERR_NOMEM: return "out of memory";
+    case RS_ERR_NUM_PAGES: return "num_pages must be >= 0";
+    case RS_BROKEN_EDGE: return "broken edge: empty, unaligned, or keys/locations lengths differ";
+    case RS_BROKEN_REFS: return "broken lock counts: negative, or children above their parent";
+    case RS_BROKEN_LINKS: return "broken links: parent/child, sibling first pages or child index";
+    case RS_BROKEN_SIZES: return "cache sizes drifted from the tree";
+    case RS_BROKEN_NODES: return "live node count differs from the nodes reachable from the root";
     default: return "unknown status";
   }
 }

@@ -1,166 +1,66 @@
 """Radix-tree prefix cache: shared prompt prefixes keep one copy of their KV pages.
 
+The tree lives in C++ (native/radix_tree.cpp), which owns the nodes, lock counts, LRU order and
+sizes; this class only converts between torch and the numpy buffers the C ABI takes. When the
+compiled module is missing, `RadixPrefixCache` is the pure-Python twin (radix_py.py) instead, and
+importing radixserve.native has already warned once.
+
 Each edge holds a run of tokens (a multiple of page_size) and their KV locations. Lock counts run
 root-ward: locking a node locks its whole path. Evictable leaves sit in a heap ordered by last
-access, so eviction never scans the tree; stale heap entries are skipped or re-queued when popped.
+access, so eviction never scans the tree.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from typing import Any
 
 import numpy as np
 import torch
 
 from radixserve.engine.kvcache.base import CacheSizes, MatchResult, PrefixCache
-from radixserve.native import first_mismatch
+from radixserve.engine.kvcache.radix_py import PyRadixPrefixCache
+from radixserve.native import NATIVE_AVAILABLE
+from radixserve.native.radix_tree import RadixTree
 
 
-class _Node:
-    __slots__ = ("key", "value", "children", "parent", "ref", "last_access")
+class CppRadixPrefixCache(PrefixCache):
+    """Handles are ints naming a node and its generation: a stale one raises ValueError."""
 
-    def __init__(self, key: np.ndarray, value: torch.Tensor, parent: _Node | None) -> None:
-        self.key = key  # (n,) int32 token ids
-        self.value = value  # (n,) int64 KV locations
-        self.children: dict[bytes, _Node] = {}
-        self.parent = parent
-        self.ref = 0
-        self.last_access = 0
+    backend = "cpp"
 
-
-class RadixPrefixCache(PrefixCache):
     def __init__(self, page_size: int) -> None:
+        self._tree = RadixTree(page_size)  # checks page_size
         super().__init__(page_size)
-        self.root = _Node(np.empty(0, np.int32), torch.empty(0, dtype=torch.int64), None)
-        self.root.ref = 1  # never evicted
-        self._clock = itertools.count(1)
-        self._heap: list[tuple[int, int, _Node]] = []
-        self._tie = itertools.count()
-        self._evictable_tokens = 0
-        self._protected_tokens = 0
-
-    # -- lookup ---------------------------------------------------------------------------------
-    def _child_key(self, tokens: np.ndarray, pos: int) -> bytes:
-        return tokens[pos : pos + self.page_size].tobytes()
-
-    def _walk(self, tokens: np.ndarray) -> tuple[_Node, int, list[torch.Tensor]]:
-        """Descend as far as `tokens` matches, splitting an edge matched part-way."""
-        P, node, pos, now = self.page_size, self.root, 0, next(self._clock)
-        limit = len(tokens) // P * P
-        values: list[torch.Tensor] = []
-        while pos < limit:
-            child = node.children.get(self._child_key(tokens, pos))
-            if child is None:
-                break
-            m = first_mismatch(child.key, tokens[pos:limit]) // P * P
-            if m < len(child.key):
-                child = self._split(child, m)
-            child.last_access = now
-            values.append(child.value)
-            pos += m
-            node = child
-            if m < len(child.key):
-                break
-        return node, pos, values
-
-    def _split(self, node: _Node, at: int) -> _Node:
-        """Cut `node`'s edge at `at`; returns the new upper part, which keeps node's locks."""
-        parent = node.parent
-        assert parent is not None and 0 < at < len(node.key) and at % self.page_size == 0
-        head = _Node(node.key[:at], node.value[:at], parent)
-        head.ref, head.last_access = node.ref, node.last_access
-        parent.children[self._child_key(node.key, 0)] = head
-        node.key, node.value, node.parent = node.key[at:], node.value[at:], head
-        head.children[self._child_key(node.key, 0)] = node
-        return head
 
     def match(self, tokens: np.ndarray) -> MatchResult:
-        node, length, values = self._walk(tokens)
-        locs = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
-        return MatchResult(length, locs, node)
+        length, locations, handle = self._tree.match(tokens)
+        return MatchResult(length, torch.from_numpy(locations), handle)  # (length,) int64, cpu
 
-    # -- locking --------------------------------------------------------------------------------
     def lock(self, handle: Any) -> None:
-        node: _Node | None = handle
-        while node is not None and node is not self.root:
-            if node.ref == 0:
-                self._evictable_tokens -= len(node.key)
-                self._protected_tokens += len(node.key)
-            node.ref += 1
-            node = node.parent
+        self._tree.lock(handle)
 
     def unlock(self, handle: Any) -> None:
-        node: _Node | None = handle
-        while node is not None and node is not self.root:
-            assert node.ref > 0, "unlock without lock"
-            node.ref -= 1
-            if node.ref == 0:
-                self._evictable_tokens += len(node.key)
-                self._protected_tokens -= len(node.key)
-                if not node.children:
-                    self._push(node)
-            node = node.parent
+        self._tree.unlock(handle)
 
-    # -- insert / evict -------------------------------------------------------------------------
     def insert(self, tokens: np.ndarray, locations: torch.Tensor) -> int:
-        assert len(tokens) == len(locations) and len(tokens) % self.page_size == 0
-        node, pos, _ = self._walk(tokens)
-        if pos < len(tokens):
-            leaf = _Node(tokens[pos:].copy(), locations[pos:].clone(), node)
-            leaf.last_access = next(self._clock)
-            node.children[self._child_key(leaf.key, 0)] = leaf
-            self._evictable_tokens += len(leaf.key)
-            self._push(leaf)
-        return pos
-
-    def _push(self, node: _Node) -> None:
-        heapq.heappush(self._heap, (node.last_access, next(self._tie), node))
+        return self._tree.insert(tokens, locations)
 
     def evict(self, num_pages: int) -> list[int]:
-        P, freed = self.page_size, []
-        while len(freed) < num_pages and self._heap:
-            stamp, _, node = heapq.heappop(self._heap)
-            if node.parent is None or node.ref > 0 or node.children:
-                continue  # no longer an evictable leaf; a later event re-queues it
-            if stamp != node.last_access:
-                self._push(node)  # touched since queued: re-queue at its new age
-                continue
-            freed.extend((node.value[::P] // P).tolist())
-            self._evictable_tokens -= len(node.key)
-            parent = node.parent
-            del parent.children[self._child_key(node.key, 0)]
-            node.parent = None
-            if parent is not self.root and parent.ref == 0 and not parent.children:
-                self._push(parent)
-        return freed
+        return self._tree.evict(num_pages)
 
-    # -- accounting -----------------------------------------------------------------------------
     def sizes(self) -> CacheSizes:
-        return CacheSizes(self._evictable_tokens // self.page_size, self._protected_tokens // self.page_size)
+        return CacheSizes(*self._tree.sizes())
 
     def check_integrity(self) -> None:
-        evictable = protected = 0
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            assert len(node.key) == len(node.value) > 0 and len(node.key) % self.page_size == 0
-            assert node.ref >= 0 and (node.parent is self.root or node.parent.ref >= node.ref)
-            if node.ref:
-                protected += len(node.key)
-            else:
-                evictable += len(node.key)
-            stack.extend(node.children.values())
-        assert (evictable, protected) == (self._evictable_tokens, self._protected_tokens), (
-            f"cache sizes drifted: tree has {evictable}/{protected}, "
-            f"counters say {self._evictable_tokens}/{self._protected_tokens}")
+        self._tree.check_integrity()
 
     def pages(self) -> list[int]:
         """Every page the cache holds (for tests of the pool invariant)."""
-        out, stack, P = [], list(self.root.children.values()), self.page_size
-        while stack:
-            node = stack.pop()
-            out.extend((node.value[::P] // P).tolist())
-            stack.extend(node.children.values())
-        return out
+        return self._tree.pages()
+
+
+RadixPrefixCache: type[PrefixCache] = (
+    CppRadixPrefixCache if NATIVE_AVAILABLE else PyRadixPrefixCache
+)
+
+__all__ = ["CppRadixPrefixCache", "PyRadixPrefixCache", "RadixPrefixCache"]

@@ -10,7 +10,14 @@ import torch
 
 from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
-from radixserve.engine.kvcache.radix import RadixPrefixCache
+from radixserve.engine.kvcache.radix import (
+    CppRadixPrefixCache,
+    PyRadixPrefixCache,
+    RadixPrefixCache,
+)
+
+# Every radix test runs on the C++ tree and on its pure-Python twin.
+BACKENDS = pytest.mark.parametrize("Cache", [CppRadixPrefixCache, PyRadixPrefixCache])
 
 
 def toks(*values: int) -> np.ndarray:
@@ -33,8 +40,9 @@ def test_allocator_hands_out_and_takes_back():
         a.alloc(9)
 
 
-def test_radix_match_insert_split_page1():
-    c = RadixPrefixCache(1)
+@BACKENDS
+def test_radix_match_insert_split_page1(Cache: type) -> None:
+    c = Cache(1)
     assert c.insert(toks(1, 2, 3, 4), torch.tensor([10, 11, 12, 13])) == 0
     m = c.match(toks(1, 2, 9))
     assert m.length == 2 and m.locations.tolist() == [10, 11]
@@ -44,9 +52,10 @@ def test_radix_match_insert_split_page1():
     c.check_integrity()
 
 
-def test_radix_is_page_granular():
+@BACKENDS
+def test_radix_is_page_granular(Cache: type) -> None:
     P = 4
-    c = RadixPrefixCache(P)
+    c = Cache(P)
     c.insert(toks(*range(8)), locs_for([3, 5], P))
     m = c.match(toks(0, 1, 2, 3, 4, 5, 99, 7))  # mismatch inside the second page
     assert m.length == 4 and m.locations.tolist() == locs_for([3], P).tolist()
@@ -54,8 +63,9 @@ def test_radix_is_page_granular():
     c.check_integrity()
 
 
-def test_locks_protect_and_unlock_releases():
-    c = RadixPrefixCache(1)
+@BACKENDS
+def test_locks_protect_and_unlock_releases(Cache: type) -> None:
+    c = Cache(1)
     c.insert(toks(1, 2, 3), torch.tensor([0, 1, 2]))
     m = c.match(toks(1, 2))
     c.lock(m.handle)
@@ -68,8 +78,9 @@ def test_locks_protect_and_unlock_releases():
     c.check_integrity()
 
 
-def test_eviction_is_least_recently_used_first():
-    c = RadixPrefixCache(1)
+@BACKENDS
+def test_eviction_is_least_recently_used_first(Cache: type) -> None:
+    c = Cache(1)
     c.insert(toks(1, 1), torch.tensor([0, 1]))
     c.insert(toks(2, 2), torch.tensor([2, 3]))
     c.insert(toks(3, 3), torch.tensor([4, 5]))
@@ -79,8 +90,9 @@ def test_eviction_is_least_recently_used_first():
     assert sorted(c.evict(2)) == [0, 1]
 
 
-def test_eviction_cascades_to_parents():
-    c = RadixPrefixCache(1)
+@BACKENDS
+def test_eviction_cascades_to_parents(Cache: type) -> None:
+    c = Cache(1)
     c.insert(toks(1, 2, 3), torch.tensor([0, 1, 2]))
     c.insert(toks(1, 2, 4), torch.tensor([0, 1, 3]))  # splits at 2: parent [1,2], leaves [3], [4]
     assert sorted(c.evict(4)) == [0, 1, 2, 3]
@@ -88,11 +100,12 @@ def test_eviction_cascades_to_parents():
     c.check_integrity()
 
 
-def test_random_workload_keeps_pages_accounted():
+@BACKENDS
+def test_random_workload_keeps_pages_accounted(Cache: type) -> None:
     """Random inserts / matches / locks / evictions: every page is free, cached or held, once."""
     rng = random.Random(0)
     P, num_pages = 2, 64
-    alloc, cache = PageAllocator(num_pages), RadixPrefixCache(P)
+    alloc, cache = PageAllocator(num_pages), Cache(P)
     locked = []
     for _ in range(400):
         op = rng.random()
@@ -136,9 +149,11 @@ def test_naive_cache_never_shares():
         create_prefix_cache("lru", 4)
 
 
-def test_radix_uses_native_matcher():
-    import radixserve.engine.kvcache.radix as radix
+def test_radix_uses_the_cpp_tree():
     from radixserve import native
+    from radixserve.native.radix_tree import RadixTree
 
-    assert native.NATIVE_AVAILABLE, "the C++ prefix helpers were not built by the package install"
-    assert radix.first_mismatch is native.first_mismatch
+    assert native.NATIVE_AVAILABLE, "the C++ module was not built by the package install"
+    assert RadixPrefixCache is CppRadixPrefixCache
+    cache = create_prefix_cache("radix", 4)
+    assert isinstance(cache, CppRadixPrefixCache) and isinstance(cache._tree, RadixTree)
