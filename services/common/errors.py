@@ -99,6 +99,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, on_status: StatusCallback | None = None) -> None:
         self._on_status = on_status
+        self.open_calls = 0  # unary and server-streaming handlers running now (drain waits on it)
 
     async def intercept_service(
         self,
@@ -135,12 +136,15 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap_unary(self, method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            self.open_calls += 1
             try:
                 _reject_malformed(request)
                 response = await behavior(request, context)
             except BaseException as exc:  # classified by _fail: answered or re-raised
                 await self._fail(method, exc, context)
                 raise
+            finally:
+                self.open_calls -= 1
             self._report(method, grpc.StatusCode.OK)
             return response
 
@@ -148,6 +152,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap_stream(self, method: str, behavior: Callable[..., Any]) -> Callable:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            self.open_calls += 1
             try:
                 _reject_malformed(request)
                 async for response in behavior(request, context):
@@ -155,6 +160,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             except BaseException as exc:  # classified by _fail: answered or re-raised
                 await self._fail(method, exc, context)
                 raise
+            finally:
+                self.open_calls -= 1
             self._report(method, grpc.StatusCode.OK)
 
         return wrapped

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 import grpc
 
@@ -58,6 +59,7 @@ async def run_until_signal(
     drain: Callable[[], Awaitable[None]],
     fatal: asyncio.Event | None = None,
     stop_grace_s: float = 1.0,
+    stop_server: bool = True,
 ) -> int:
     """Serve until SIGTERM/SIGINT (exit 0) or `fatal` is set (exit 1); drain before stopping.
 
@@ -77,6 +79,16 @@ async def run_until_signal(
     failed = fatal is not None and fatal.is_set()
     log.info("%s; draining", "fatal error" if failed else "signal received")
     await drain()
-    await server.stop(stop_grace_s)
+    if stop_server:
+        await server.stop(stop_grace_s)
     log.info("stopped")
     return 1 if failed else 0
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave at once, without interpreter teardown (which would stop a running gRPC server the
+    way `exit_now`'s callers avoid): flush the log, then `os._exit`."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -41,6 +41,8 @@ from radixserve.services.gateway.types import (
 )
 
 log = logging.getLogger(__name__)
+# What a client hears from a stopping gateway: UNAVAILABLE (retryable) and what to do about it.
+SHUTTING_DOWN = "the server is shutting down; retry on another replica"
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ class Frontend(SchedulerEvents):
     def model_info(self) -> ModelInfo:
         info = self._links.model_info
         if self.draining:
-            raise unavailable("the server is draining")
+            raise unavailable(SHUTTING_DOWN)
         if info is None or not self._links.ready:
             raise unavailable("the backends are not ready")
         return info
@@ -272,7 +274,12 @@ class Frontend(SchedulerEvents):
         deadline = time.monotonic() + self._config.drain_timeout_s
         while self._by_rid and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        self._fail_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+        if self._by_rid:
+            log.warning("drain timeout (%.0f s): ending %d requests", self._config.drain_timeout_s,
+                        len(self._by_rid))
+        self._fail_all(grpc.StatusCode.UNAVAILABLE,
+                       f"{SHUTTING_DOWN} (the {self._config.drain_timeout_s:.0f} s drain ended "
+                       "before this request finished)")
         while self._by_rid and time.monotonic() < deadline + 2.0:
             await asyncio.sleep(0.01)
 

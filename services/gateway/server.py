@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import NamedTuple
@@ -29,6 +30,8 @@ from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+CALLS_CLOSE_S = 2.0  # after the drain, how long to wait for the last handlers to return
+FLUSH_S = 0.2  # between the last handler's status and the process exit
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerateService"].full_name
 
 
@@ -120,6 +123,7 @@ class Gateway:
         self.frontend = Frontend(self.links, config, metrics)
         self.links.events = self.frontend
         self._links_task: asyncio.Task[None] | None = None
+        self.open_calls: Callable[[], int] = lambda: 0  # public RPC handlers running now
 
     def start(self) -> None:
         self._links_task = asyncio.create_task(self.links.run())
@@ -130,11 +134,17 @@ class Gateway:
             asyncio.get_running_loop().create_task(self.health.set_serving(ready))
 
     async def drain(self) -> None:
+        """NOT_SERVING, then UNAVAILABLE for new calls; in-flight ones finish or are ended with
+        UNAVAILABLE at the drain timeout; returns once no handler is left (or after a bound:
+        a health Watch stream never ends by itself)."""
         if self.health is not None:
             await self.health.shutdown()
         await self.frontend.drain()
         if self._links_task is not None:
             self._links_task.cancel()
+        deadline = time.monotonic() + CALLS_CLOSE_S
+        while self.open_calls() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
 
 class Served(NamedTuple):
@@ -156,7 +166,9 @@ async def create_server(
     security = security or PublicSecurity()
     gateway = Gateway(backends, config or FrontendConfig(), metrics, secret)
     # Refusals by the key check still pass the ErrorInterceptor, so they are counted.
-    interceptors = [ErrorInterceptor(metrics.on_status), *auth.public_interceptors(security.api_key)]
+    errors = ErrorInterceptor(metrics.on_status)
+    gateway.open_calls = lambda: errors.open_calls
+    interceptors = [errors, *auth.public_interceptors(security.api_key)]
     server = rpc.create_aio_server(interceptors, rpc.PUBLIC_SERVER_OPTIONS)
     pb_grpc.add_GenerateServiceServicer_to_server(GenerateServicer(gateway.frontend), server)
     gateway.health = rpc.Health(server, [SERVICE_NAME])
@@ -177,8 +189,8 @@ async def serve(
     secret: str | None = None,
     security: PublicSecurity | None = None,
 ) -> int:
-    """Entry point of `radixserve gateway`: serve until SIGTERM, then drain."""
-    from radixserve.services.common.lifecycle import run_until_signal
+    """Entry point of `radixserve gateway`: serve until SIGTERM, drain, exit."""
+    from radixserve.services.common.lifecycle import exit_now, run_until_signal
 
     metrics = GatewayMetrics()
     if metrics_port:
@@ -189,4 +201,11 @@ async def serve(
     log.info("gateway listening on %s (port %d, %s, %s)", address, served.port,
              "TLS" if security.tls else "plaintext",
              "API key required" if security.api_key else "no API key")
-    return await run_until_signal(served.server, served.gateway.drain)
+    code = await run_until_signal(served.server, served.gateway.drain, stop_server=False)
+    # No `server.stop`: grpc answers the calls that race it, and those still open at its end,
+    # with CANCELLED, which tells a client that it cancelled the call itself, so it does not
+    # retry elsewhere. Every call has had its UNAVAILABLE from the drain; after a moment for
+    # those statuses to reach the wire, exiting closes the sockets, and a call that still races
+    # that sees a closed connection: UNAVAILABLE too, which clients treat as retryable.
+    await asyncio.sleep(FLUSH_S)
+    exit_now(code)
