@@ -58,10 +58,15 @@ int64_t RadixTree::page_of(int64_t location) const {  // Python's floor division
 
 int32_t RadixTree::find_child(int32_t node, const int32_t* page) const {
   const std::vector<Kid>& kids = nodes_[node].kids;
-  const size_t bytes = static_cast<size_t>(page_size_) * sizeof(int32_t);
-  for (auto it = std::lower_bound(kids.begin(), kids.end(), page[0], by_first);
-       it != kids.end() && it->first == page[0]; ++it) {
-    if (std::memcmp(nodes_[it->id].key.data(), page, bytes) == 0) return it->id;
+  auto it = kids.size() <= 8 ? std::find_if(kids.begin(), kids.end(),
+                                            [&](const Kid& k) { return k.first >= page[0]; })
+                             : std::lower_bound(kids.begin(), kids.end(), page[0], by_first);
+  for (; it != kids.end() && it->first == page[0]; ++it) {
+    if (page_size_ == 1) return it->id;  // the first token is the whole first page
+    const int32_t* key = nodes_[it->id].key.data();
+    int64_t i = 1;  // short pages: an inline loop beats a memcmp call
+    while (i < page_size_ && key[i] == page[i]) ++i;
+    if (i == page_size_) return it->id;
   }
   return -1;
 }
@@ -136,9 +141,22 @@ RadixTree::Walk RadixTree::walk(const int32_t* tokens, int64_t len, int64_t* out
   while (pos < limit) {
     int32_t child = find_child(node, tokens + pos);
     if (child < 0) break;
-    const int64_t key_len = static_cast<int64_t>(nodes_[child].key.size());
-    const int64_t m =
-        mismatch(nodes_[child].key.data(), tokens + pos, std::min(key_len, limit - pos)) / P * P;
+    const Node& next = nodes_[child];
+    // A deep chain is a run of dependent cache misses (node, key, locations, kids); issue the
+    // last three together so they overlap instead of following each other.
+    __builtin_prefetch(next.value.data());
+    __builtin_prefetch(next.kids.data());
+    const int64_t key_len = static_cast<int64_t>(next.key.size());
+    // The first page is known equal; edges of a few tokens (deep chains) skip the memcmp path.
+    const int32_t* key = nodes_[child].key.data();
+    const int64_t n = std::min(key_len, limit - pos);
+    int64_t m = P;
+    if (n - m <= 16) {
+      while (m < n && key[m] == tokens[pos + m]) ++m;
+    } else {
+      m += mismatch(key + m, tokens + pos + m, n - m);
+    }
+    m = m / P * P;
     if (m < key_len) child = split(child, m);  // m >= P: the first page matched
     Node& c = nodes_[child];
     c.last_access = now;
