@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer target with ASan + UBSan and runs it for a bounded time (default 60 s).
-# Exits non-zero on any finding: a crash, a sanitizer report, or a disagreement with the reference.
+# Builds the libFuzzer targets with ASan + UBSan and runs each for a share of a bounded time
+# (default 60 s in all). Exits non-zero on any finding: a crash, a sanitizer report, or a
+# disagreement with the reference / oracle.
 # Usage: native/fuzz/run.sh [seconds] [extra libFuzzer flags, e.g. -jobs=4 -workers=4]
+#   FUZZ_TARGETS="prefix radix" picks targets (default both); FUZZ_OUT moves the build folder.
 set -euo pipefail
 
 seconds="${1:-60}"
 shift || true
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-out="${FUZZ_OUT:-$here/build}"  # gitignored; the corpus kept here makes later runs start deeper
+out="${FUZZ_OUT:-$here/build}"  # gitignored; the corpora kept here make later runs start deeper
 cxx="${FUZZ_CXX:-clang++}"
-mkdir -p "$out/corpus"
+read -r -a targets <<< "${FUZZ_TARGETS:-prefix radix}"
+share=$(( seconds / ${#targets[@]} ))
+(( share >= 1 )) || share=1
 
-"$cxx" -std=c++17 -O2 -g -fno-omit-frame-pointer \
-  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-  -I"$here/.." "$here/fuzz_prefix.cpp" "$here/../prefix.cpp" -o "$out/fuzz_prefix"
-
-"$out/fuzz_prefix" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-  -print_final_stats=1 -artifact_prefix="$out/" "$@" "$out/corpus"
+for target in "${targets[@]}"; do
+  case "$target" in
+    prefix) sources=("$here/../prefix.cpp") ;;
+    radix) sources=("$here/../radix_tree.cpp" "$here/../radix_api.cpp" "$here/../prefix.cpp") ;;
+    *) echo "unknown fuzz target: $target" >&2; exit 2 ;;
+  esac
+  mkdir -p "$out/corpus/$target"
+  "$cxx" -std=c++17 -O2 -g -fno-omit-frame-pointer \
+    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+    -I"$here/.." "$here/fuzz_$target.cpp" "${sources[@]}" -o "$out/fuzz_$target"
+  "$out/fuzz_$target" -max_total_time="$share" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$out/" "$@" "$out/corpus/$target"
+done
