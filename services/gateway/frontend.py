@@ -20,6 +20,7 @@ import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
 from radixserve.services.common.errors import (
+    RETRY_AFTER_MS,
     ServiceError,
     invalid_argument,
     overloaded,
@@ -89,6 +90,8 @@ class Frontend(SchedulerEvents):
         self._by_rid: dict[str, RequestHandle] = {}
         self._by_public: dict[str, RequestHandle] = {}
         self.draining = False
+        self._held = 0  # requests the scheduler holds for this gateway (submitted, not ended)
+        self._full: tuple[int, float] | None = None  # (held, when) at the last queue-full answer
 
     @property
     def live_requests(self) -> int:
@@ -107,6 +110,15 @@ class Frontend(SchedulerEvents):
         self.model_info()
         if len(self._by_rid) >= self._config.max_in_flight:
             raise overloaded("too many requests in flight")
+        if self._full is not None:
+            # The scheduler said "queue full" while it held `held` of ours. Only one of them
+            # ending can make room (slots, queue and pages are freed by finishes and aborts), so
+            # until then refuse here, without a round trip (RELIABILITY "Overload": <= 10 ms).
+            # The hint expires with the retry-after time, for gateways that share a scheduler.
+            held, when = self._full
+            if self._held >= held and time.monotonic() - when < RETRY_AFTER_MS / 1000:
+                raise overloaded("queue full")
+            self._full = None
         public_id = spec.request_id or uuid.uuid4().hex
         if public_id in self._by_public:
             raise invalid_argument(f"request_id {public_id!r} is already running")
@@ -129,6 +141,7 @@ class Frontend(SchedulerEvents):
                     handle.rid, prompt_ids, params, handle.spec.skip_special_tokens
                 ))
                 handle.submitted = True
+                self._held += 1
             async for event in self._stream(handle, prompt_ids):
                 yield event
         finally:
@@ -136,6 +149,8 @@ class Frontend(SchedulerEvents):
             self._by_public.pop(handle.public_id, None)
             if self._metrics is not None:
                 self._metrics.in_flight.dec()
+            if handle.submitted:
+                self._held -= 1
             if handle.submitted and not handle.finished:
                 self._links.abort(handle.rid)
 
@@ -189,6 +204,7 @@ class Frontend(SchedulerEvents):
             item = await handle.inbox.get()
             if isinstance(item, Failure):
                 if item.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    self._full = (self._held - 1, time.monotonic())  # not counting this one
                     raise overloaded(item.message)
                 raise ServiceError(item.code, item.message)
             if started_at is None:

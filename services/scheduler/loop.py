@@ -151,6 +151,13 @@ class EngineLoop:
     def live_requests(self) -> int:
         return len(self._owner)
 
+    def queue_full(self) -> bool:
+        """Whether the last iteration's stats (at most one step old) show a full queue. Callers on
+        other threads refuse with it at once instead of waiting for the next step; only an abort
+        still in the inbox could have made room since."""
+        limit = self._config.max_waiting_requests
+        return limit is not None and self._queued(self.stats) >= limit
+
     def _run(self) -> None:
         try:
             engine = self._factory()

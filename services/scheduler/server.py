@@ -141,6 +141,8 @@ class SchedulerApp:
             try:
                 if not self.accepting:
                     raise _Refused(grpc.StatusCode.UNAVAILABLE, "scheduler is not serving")
+                if self.loop.queue_full():  # RELIABILITY "Overload": refuse without a step's wait
+                    raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
                 requests.append(convert.new_request_from_pb(new))
             except InvalidRequestError as exc:
                 rejected.append(_rejection(new.request_id, grpc.StatusCode.INVALID_ARGUMENT, str(exc)))

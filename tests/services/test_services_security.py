@@ -8,7 +8,9 @@ made here with the openssl CLI, one request slot, one queue place, a 32-page KV 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +20,18 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
-from svc_helpers import Stack, request
+from svc_helpers import Stack, request, wait_idle
 
 KEY = "test-key-0123456789abcdef"
 GOOD = (("authorization", f"Bearer {KEY}"),)
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+# Client-side refusal latency in the test. The figure is <= 10 ms p99 (`radixserve bench
+# overload`, docs/benchmarks.md); CI shares 2 cores with other runs, whose load spikes stretch
+# single calls past 10 ms, so the test holds p99 to a looser bound and p50 to the figure (the
+# gateway refuses in about 1 ms; a refusal that waits for an engine step took 5-15 ms p50 here).
+REFUSAL_P50_S = 0.01
+REFUSAL_P99_S = 0.15
 
 
 def _openssl(*args: str) -> None:
@@ -248,6 +256,59 @@ def test_queue_full_two_admitted_eight_refused_with_a_retry_hint(locked: tuple[S
     slowest = max(t for t, _ in refused)
     # Refusals come at once (in-process they take a few ms); the admitted pair runs 400 steps.
     assert slowest < 1.0 and slowest < min(t for code, t, _ in results if code == grpc.StatusCode.OK)
+
+
+def test_refusals_are_fast_while_admitted_calls_keep_streaming(tmp_path: Path) -> None:
+    """RELIABILITY "Overload": 200 refused calls, measured one after another at the client, while
+    one admitted call streams and one waits. The 10 ms p99 figure is measured by `radixserve
+    bench overload`; on a shared 2-core box the test holds looser bounds (REFUSAL_P99_S)."""
+    s = Stack("--max-running-requests", "1", "--max-queued-requests", "1",
+              log_path=tmp_path / "serve.log")
+    try:
+        s.wait_ready()
+        admitted = [s.stub.Generate(request([5, 6 + i], max_new_tokens=3000, ignore_eos=True),
+                                    timeout=300) for i in range(2)]
+        assert next(admitted[0]).HasField("started")  # the first holds the only slot
+        arrivals: list[float] = []  # when each token of the running call came
+
+        def read() -> None:
+            with contextlib.suppress(grpc.RpcError):  # cancelled at the end
+                for response in admitted[0]:
+                    arrivals.extend([time.monotonic()] * len(response.delta.token_ids))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while True:  # the second waits behind it, so every later call is refused
+            info = s.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+            if info.running_requests == 1 and info.waiting_requests == 1:
+                break
+            assert time.monotonic() < deadline, info
+            time.sleep(0.01)
+        latencies = []
+        began = time.monotonic()
+        for i in range(200):
+            t0 = time.perf_counter()
+            with pytest.raises(grpc.RpcError) as err:
+                list(s.stub.Generate(request([7, i + 1], max_new_tokens=4), timeout=30))
+            latencies.append(time.perf_counter() - t0)
+            assert err.value.code() == EXHAUSTED
+            assert dict(err.value.trailing_metadata() or ())["retry-after-ms"] == "250"
+        ended = time.monotonic()
+        latencies.sort()
+        p50, p99 = latencies[100], latencies[197]
+        print(f"refusal latency over 200 calls: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
+        assert p50 < REFUSAL_P50_S and p99 < REFUSAL_P99_S, f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+        # The admitted call kept streaming all along, and the queued one still waits.
+        assert sum(began <= t <= ended for t in arrivals) > 0, (len(arrivals), ended - began)
+        info = s.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+        assert info.running_requests == 1 and info.waiting_requests == 1, info
+        for call in admitted:
+            call.cancel()
+        reader.join(10)
+        wait_idle(s.stub)
+    finally:
+        assert s.stop() == 0
 
 
 def test_request_bigger_than_the_kv_pool_is_refused_at_admission(locked: tuple[Stack, grpc.Channel]) -> None:
