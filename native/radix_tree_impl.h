@@ -73,7 +73,7 @@ class RadixTree {
 
   int64_t page_size_;
   std::vector<Node> nodes_;    // slot 0 is the root: empty key, ref 1, never evicted
-  std::vector<int32_t> free_;  // free slots; capacity kept >= nodes_.size() so freeing never allocates
+  std::vector<int32_t> free_;  // free slots; capacity >= nodes_.size(), so freeing never allocates
   std::vector<HeapEntry> heap_;  // min-heap of possibly evictable leaves; stale entries are skipped
   int64_t clock_ = 0;
   int64_t tie_ = 0;

@@ -192,7 +192,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (kind == 0) op_match(fdp, tree.get(), o, seen.back(), handles);
       else op_insert(fdp, tree.get(), o, seen.back(), next_page);
     } else if (kind == 2) {
-      op_lock(fdp, tree.get(), o, handles[fdp.ConsumeIntegralInRange<size_t>(0, handles.size() - 1)]);
+      const size_t pick = fdp.ConsumeIntegralInRange<size_t>(0, handles.size() - 1);
+      op_lock(fdp, tree.get(), o, handles[pick]);
     } else if (kind == 3) {
       op_evict(fdp, tree.get(), o);
     } else if (kind == 4) {  // forged handles: the root's slot at another generation, a slot
@@ -204,8 +205,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {  // NULL and negative arguments
       int64_t x = 0;
       uint64_t h = 0;
-      check(rs_radix_match(tree.get(), nullptr, 2, nullptr, 0, &x, &h) == RS_ERR_NULL, "NULL tokens");
-      check(rs_radix_match(tree.get(), nullptr, -1, nullptr, 0, &x, &h) == RS_ERR_LENGTH, "len < 0");
+      RsRadixTree* t = tree.get();
+      check(rs_radix_match(t, nullptr, 2, nullptr, 0, &x, &h) == RS_ERR_NULL, "NULL tokens");
+      check(rs_radix_match(t, nullptr, -1, nullptr, 0, &x, &h) == RS_ERR_LENGTH, "len < 0");
       check(rs_radix_insert(tree.get(), nullptr, nullptr, o.P, &x) == RS_ERR_NULL, "NULL insert");
       check(rs_radix_insert(nullptr, nullptr, nullptr, 0, &x) == RS_ERR_NULL, "NULL tree");
       check(rs_radix_pages(tree.get(), nullptr, 0, nullptr) == RS_ERR_NULL, "NULL pages out");
