@@ -19,8 +19,10 @@ import argparse
 import asyncio
 import collections
 import json
+import math
 import os
 import random
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +34,7 @@ from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
 SERVICES = ("gateway", "tokenizer", "scheduler", "detokenizer")
+STREAMS_PER_CHANNEL = 256
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,11 @@ class SoakConfig:
     input_len: tuple[int, int] = (4, 256)
     output_len: tuple[int, int] = (4, 64)
     seed: int = 0
+    timeout_s: float = 120.0  # client deadline of every request
 
     def __post_init__(self) -> None:
-        if self.clients < 1 or self.duration_s <= 0:
-            raise ValueError("clients must be >= 1 and duration > 0")
+        if self.clients < 1 or self.duration_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("clients must be >= 1, duration and timeout > 0")
         if not (0 <= self.cancel_share <= 1 and 0 <= self.invalid_share <= 1):
             raise ValueError("shares must be in [0, 1]")
         for lo, hi in (self.input_len, self.output_len):
@@ -117,9 +121,10 @@ def sample(pid: int) -> dict[str, float]:
 
 
 class _Soak:
-    def __init__(self, cfg: SoakConfig, stub: pb_grpc.GenerateServiceStub, vocab: int, context: int):
+    def __init__(self, cfg: SoakConfig, stubs: list[pb_grpc.GenerateServiceStub], vocab: int,
+                 context: int):
         self.cfg = cfg
-        self.stub = stub
+        self.stubs = stubs
         self.vocab = vocab
         self.context = context
         self.result = SoakResult()
@@ -143,14 +148,14 @@ class _Soak:
                 req.sampling.temperature = -1.0
         return req, n_out
 
-    async def _one(self, rng: random.Random) -> None:
+    async def _one(self, rng: random.Random, stub: pb_grpc.GenerateServiceStub) -> None:
         draw = rng.random()
         kind = ("invalid" if draw < self.cfg.invalid_share
                 else "cancel" if draw < self.cfg.invalid_share + self.cfg.cancel_share else "normal")
         req, n_out = self._request(rng, kind)
         cancel_at = rng.randrange(n_out) if kind == "cancel" else -1  # tokens seen before cancel
         t0 = time.monotonic()
-        call = self.stub.Generate(req, timeout=120)
+        call = stub.Generate(req, timeout=self.cfg.timeout_s)
         if cancel_at == 0:
             await asyncio.sleep(rng.uniform(0, 0.05))
             call.cancel()
@@ -190,8 +195,9 @@ class _Soak:
 
     async def _client(self, index: int, deadline: float) -> None:
         rng = random.Random(self.cfg.seed * 100003 + index)
+        stub = self.stubs[index % len(self.stubs)]
         while time.monotonic() < deadline:
-            await self._one(rng)
+            await self._one(rng, stub)
 
 
 async def _wait_idle(stub: pb_grpc.GenerateServiceStub, timeout_s: float) -> tuple[bool, dict[str, int]]:
@@ -211,10 +217,16 @@ async def _wait_idle(stub: pb_grpc.GenerateServiceStub, timeout_s: float) -> tup
 async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
     pids = service_pids(serve_pid) if serve_pid else {}
     before = {name: sample(pid) for name, pid in pids.items()}
-    async with grpc.aio.insecure_channel(cfg.target) as channel:
-        stub = pb_grpc.GenerateServiceStub(channel)
+    # One connection per STREAMS_PER_CHANNEL clients: the gateway serves at most 1024 streams per
+    # connection (more wait in the client, which would count as TTFT); a local subchannel pool
+    # keeps grpc from sharing one connection between channels to the same target.
+    channels = [grpc.aio.insecure_channel(cfg.target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(math.ceil(cfg.clients / STREAMS_PER_CHANNEL))]
+    try:
+        stub = pb_grpc.GenerateServiceStub(channels[0])
         info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
-        soak = _Soak(cfg, stub, info.vocab_size, info.max_context)
+        soak = _Soak(cfg, [pb_grpc.GenerateServiceStub(c) for c in channels], info.vocab_size,
+                     info.max_context)
         start = time.monotonic()
         deadline = start + cfg.duration_s
         await asyncio.gather(*(soak._client(i, deadline) for i in range(cfg.clients)))
@@ -223,6 +235,9 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
         result.statuses = dict(sorted(soak.statuses.items()))
         result.ttft_ms = _percentiles(soak.ttft)  # already in ms
         result.invariant_ok, result.idle_info = await _wait_idle(stub, 30.0)
+    finally:
+        for channel in channels:
+            await channel.close()
     for name, pid in pids.items():
         after = sample(pid)
         result.processes[name] = {
@@ -234,10 +249,10 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
 
 def format_table(cfg: SoakConfig, r: SoakResult) -> str:
     rows = [
-        f"{cfg.clients} clients, {cfg.duration_s:.0f} s of load ({r.duration_s:.0f} s with the "
+        (f"{cfg.clients} clients, {cfg.duration_s:.0f} s of load ({r.duration_s:.0f} s with the "
         f"last requests' tail), cancel share {cfg.cancel_share:.0%}, "
         f"invalid share {cfg.invalid_share:.0%}, input {cfg.input_len[0]}-{cfg.input_len[1]}, "
-        f"output {cfg.output_len[0]}-{cfg.output_len[1]} tokens",
+        f"output {cfg.output_len[0]}-{cfg.output_len[1]} tokens"),
         "",
         "| outcome | count |", "|---|---|",
         f"| requests | {r.requests} |",
@@ -263,6 +278,14 @@ def format_table(cfg: SoakConfig, r: SoakResult) -> str:
     return "\n".join(rows)
 
 
+def _raise_fd_limit() -> None:
+    """Soft open-file limit up to the hard one, for this process and a --launch'ed stack (which
+    inherits it): a thousand clients must not fail on a 1024 default."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _range(text: str) -> tuple[int, int]:
     lo, _, hi = text.partition("-")
     return int(lo), int(hi or lo)
@@ -283,8 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-len", default="4-256", help="prompt length range MIN-MAX")
     p.add_argument("--output-len", default="4-64", help="max_new_tokens range MIN-MAX")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=120.0, help="client deadline per request (s)")
     p.add_argument("--json", dest="json_path", help="write the result here")
     args, extra = p.parse_known_args(argv)
+    _raise_fd_limit()
     extra = [a for a in extra if a != "--"]
     if extra and not args.launch:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -295,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = SoakConfig(target, args.clients, args.duration, args.cancel_share,
                          args.invalid_share, _range(args.input_len), _range(args.output_len),
-                         args.seed)
+                         args.seed, args.timeout)
         result = asyncio.run(run(cfg, serve_pid))
     finally:
         if proc is not None:

@@ -133,6 +133,7 @@ class EngineLoop:
         self.engine: EngineLike | None = None
         self.stats: dict[str, Any] = {}  # replaced (never mutated) after each iteration
         self._beat: float | None = None  # when the loop last finished an iteration; None: not ready
+        self._steps = 0  # engine steps run; in the stats as engine_steps_total (abort latency bench)
         self._fired = False
 
     def start(self) -> None:
@@ -212,9 +213,14 @@ class EngineLoop:
                 self._sink.on_acks(Acks(owner, accepted, it.rejected.pop(owner, [])))
             for owner, rejected in it.rejected.items():
                 self._sink.on_acks(Acks(owner, [], rejected))
+            if it.aborted:  # freed before this step: show it now, not after the step
+                self.stats = {**engine.stats(), "engine_steps_total": self._steps}
         else:
             it = _Iteration()
-        outputs = engine.step() if engine.has_work() else []
+        outputs: list[Any] = []
+        if engine.has_work():
+            outputs = engine.step()
+            self._steps += 1
         for out in outputs:
             if out.finish_reason is not None:
                 self._owner.pop(out.rid, None)
@@ -222,7 +228,7 @@ class EngineLoop:
             self._sink.on_step(StepBatch(it.aborted, list(it.setups.values()), outputs))
         if not (commands or outputs):
             return was_busy
-        self.stats = dict(engine.stats())
+        self.stats = {**engine.stats(), "engine_steps_total": self._steps}
         busy = engine.has_work()
         if was_busy and not busy:
             # Idle: the pool invariant must hold and no request may be left behind.

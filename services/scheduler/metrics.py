@@ -40,6 +40,10 @@ class EngineStatsCollector(Collector):
             "radixserve_prompt_tokens", "Prompt tokens admitted", prompt
         )
         yield CounterMetricFamily(
+            "radixserve_engine_steps", "Engine steps run by the scheduler loop",
+            s.get("engine_steps_total", 0),
+        )
+        yield CounterMetricFamily(
             "radixserve_retractions",
             "Running requests sent back to the queue under KV pressure (outputs unchanged)",
             s.get("retractions_total", 0),

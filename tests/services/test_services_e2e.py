@@ -223,11 +223,12 @@ def test_internal_services_are_private_and_need_the_secret(stack: Stack) -> None
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_bench_soak_smoke(stack: Stack) -> None:
+def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
     from radixserve.services import bench_soak
 
+    monkeypatch.setattr(bench_soak, "STREAMS_PER_CHANNEL", 8)  # 3 connections, as 1000 clients get 4
     cfg = bench_soak.SoakConfig(stack.target, clients=20, duration_s=12.0, cancel_share=0.3,
                                 invalid_share=0.05, input_len=(4, 64), output_len=(2, 16), seed=1)
     result = asyncio.run(bench_soak.run(cfg, serve_pid=stack.proc.pid))
@@ -237,3 +238,15 @@ def test_bench_soak_smoke(stack: Stack) -> None:
     assert result.statuses.get("invalid INVALID_ARGUMENT", 0) > 0, table
     assert set(result.processes) == set(bench_soak.SERVICES), table
     assert all(p["rss_after_mib"] > 0 for p in result.processes.values())
+
+
+def test_bench_abort_smoke(stack: Stack) -> None:
+    """`bench abort` reads cancel -> freed from the scheduler's metrics (engine_steps_total)."""
+    from radixserve.services import bench_abort
+
+    url = f"http://127.0.0.1:{stack.metrics_port + 1}/metrics"
+    result = bench_abort.measure(stack.target, url, running=8, cancels=4, output_len=3000)
+    table = bench_abort.format_table(result)
+    assert result["ms"]["p50"] > 0 and result["step_ms"] > 0, table
+    assert 0 <= result["steps"]["p50"] <= result["steps"]["max"], table
+    assert "| engine steps |" in table

@@ -242,3 +242,27 @@ def test_cli_engine_flags_round_trip_to_the_scheduler_child() -> None:
     child = build_parser().parse_args(["scheduler", *engine_argv(engine)])
     assert _engine_config(child, "/models/x") == engine
     assert not engine.overlap and engine.cache == "naive" and engine.num_pages == 64
+
+
+def test_loop_abort_frees_before_the_next_step_and_shows_it() -> None:
+    """RELIABILITY "Abort latency": an abort that reaches the loop while a step runs frees the
+    request before the step after it, and the stats snapshot (what `bench abort` reads through
+    the metrics) shows the freed slot at once, with the step count."""
+    engine = FakeEngine(step_delay_s=0.2)
+    sink = Sink()
+    lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False, idle_poll_s=0.05))
+    lp.start()
+    try:
+        lp.submit(Submission("gw", [new("a", 1000), new("b", 1000)]))
+        wait_for(lambda: lp.stats.get("running_requests") == 2)
+        steps = lp.stats["engine_steps_total"]
+        t0 = time.monotonic()
+        lp.submit(Submission("gw", abort_ids=["a"]))
+        wait_for(lambda: lp.stats.get("running_requests") == 1)
+        # Only the step in progress ran in between: freed before the next one, and shown then
+        # (a snapshot taken after that next step would say 2).
+        assert lp.stats["engine_steps_total"] - steps <= 1
+        assert engine.abort_steps["a"] - steps <= 1
+        assert time.monotonic() - t0 < 2.0  # one 0.2 s step, with room for a loaded machine
+    finally:
+        lp.stop(1.0)

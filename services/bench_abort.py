@@ -1,0 +1,138 @@
+"""`radixserve bench abort`: client cancel -> the scheduler has freed the request, at N running.
+
+RELIABILITY "Abort latency": <= 2 engine steps and <= 100 ms p99 at 256 running requests. The
+bench opens --running streams (token-id prompts, ignore_eos, long enough to outlast the run),
+waits until the scheduler runs all of them, then cancels --cancels of them one at a time. For
+each it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
+`radixserve_engine_steps_total`) until the running count drops by one: the time from
+`call.cancel()` to that snapshot, and the engine steps run between. The scheduler publishes the
+snapshot as soon as it has freed aborted requests (before its next step), so the figures are the
+client -> gateway -> scheduler path plus the wait for the step in progress, plus up to one HTTP
+poll (every 2 ms). With --launch, serve gets --max-running-requests and --metrics-port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import socket
+import time
+import urllib.request
+from typing import Any
+
+import grpc
+from radixserve.services.bench_serving import _launch, _percentiles
+from radixserve.v1 import generate_pb2 as pb
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+_METRIC = re.compile(r"^(radixserve_running_requests|radixserve_engine_steps_total) (\S+)$", re.MULTILINE)
+
+
+def scrape(url: str) -> tuple[int, int]:
+    """(running requests, engine steps) from the scheduler's metrics."""
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        found = dict(_METRIC.findall(reply.read().decode()))
+    return int(float(found["radixserve_running_requests"])), int(float(found["radixserve_engine_steps_total"]))
+
+
+def measure(target: str, metrics_url: str, running: int, cancels: int, output_len: int,
+            seed: int = 0) -> dict[str, Any]:
+    rng = random.Random(seed)
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.GenerateServiceStub(channel)
+        vocab = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30).vocab_size
+        calls = []
+        for _ in range(running):
+            req = pb.GenerateRequest(token_ids=pb.TokenIds(
+                ids=[rng.randrange(1, min(vocab, 10000)) for _ in range(8)]))
+            req.stopping.max_new_tokens = output_len
+            req.stopping.ignore_eos = True
+            calls.append(stub.Generate(req, timeout=600))  # never read: only cancelled
+        deadline = time.monotonic() + 300
+        while scrape(metrics_url)[0] < running:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the scheduler never ran {running} requests at once")
+            time.sleep(0.05)
+        ms, steps = [], []
+        rng.shuffle(calls)
+        began, first_step = time.monotonic(), scrape(metrics_url)[1]
+        for call in calls[:cancels]:
+            before, _ = scrape(metrics_url)
+            t0 = time.monotonic()
+            _, step0 = scrape(metrics_url)
+            call.cancel()
+            while True:
+                now_running, step = scrape(metrics_url)
+                if now_running < before:
+                    break
+                time.sleep(0.002)  # polls take the scheduler's GIL: do not starve its engine
+            ms.append(time.monotonic() - t0)
+            steps.append(step - step0)
+            if now_running != before - 1:  # another request ended on its own: not measurable
+                raise SystemExit("a request finished during the run; raise --output-len")
+        step_ms = (time.monotonic() - began) * 1000 / max(1, scrape(metrics_url)[1] - first_step)
+        for call in calls[cancels:]:
+            call.cancel()
+    return {"running": running, "cancels": cancels, "ms": _percentiles(ms), "step_ms": step_ms,
+            "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)}}
+
+
+def _p99(values: list[int]) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def format_table(r: dict[str, Any]) -> str:
+    return "\n".join([
+        (f"{r['cancels']} cancels, one at a time, at {r['running']} running requests "
+        f"(engine step: {r['step_ms']:.1f} ms on average during the run)"),
+        "",
+        "| cancel -> freed | p50 | p99 | max | target |", "|---|---|---|---|---|",
+        f"| ms | {r['ms']['p50']:.1f} | {r['ms']['p99']:.1f} | | <= 100 p99 |",
+        f"| engine steps | {r['steps']['p50']} | {r['steps']['p99']} | {r['steps']['max']} | <= 2 |",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="radixserve bench abort", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
+    p.add_argument("--metrics", default=None,
+                   help="the scheduler's metrics URL (serve: http://HOST:METRICS_PORT+1/metrics)")
+    p.add_argument("--launch", action="store_true",
+                   help="start `radixserve serve` for the run (extra flags after --)")
+    p.add_argument("--model", default="demo", help="model for --launch")
+    p.add_argument("--running", type=int, default=256, help="requests running when cancelling")
+    p.add_argument("--cancels", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=200,
+                   help="max_new_tokens of every stream; must outlast the run")
+    p.add_argument("--json", dest="json_path", help="write the result here")
+    args, extra = p.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    if extra and not args.launch:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if not args.launch and not args.metrics:
+        p.error("--metrics is needed with --target")
+    if not 0 < args.cancels <= args.running:
+        p.error("need 0 < --cancels <= --running")
+    proc, target, url = None, args.target, args.metrics
+    if args.launch:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # the gateway's metrics; the scheduler's is the next one
+        proc, target = _launch(args.model, ["--max-running-requests", str(args.running),
+                                            "--metrics-port", str(port), *extra])
+        url = f"http://127.0.0.1:{port + 1}/metrics"
+    try:
+        result = measure(target, url, args.running, args.cancels, args.output_len)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+    print(format_table(result))
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    ok = result["steps"]["max"] <= 2 and result["ms"]["p99"] <= 100
+    return 0 if ok else 1
