@@ -147,7 +147,8 @@ class PyRadixPrefixCache(PrefixCache):
         heapq.heappush(self._heap, (node.last_access, next(self._tie), node))
 
     def evict(self, num_pages: int) -> list[int]:
-        P, freed, num_pages = self.page_size, [], check_num_pages(num_pages)
+        P, num_pages = self.page_size, check_num_pages(num_pages)
+        freed: list[int] = []
         while len(freed) < num_pages and self._heap:
             stamp, _, node = heapq.heappop(self._heap)
             if node.parent is None or node.ref > 0 or node.children:
