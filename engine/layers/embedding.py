@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.engine.distributed import get_comm
+from radixserve.engine.layers import gemv
 from radixserve.engine.layers.linear import WeightSource, copy_checked
 
 
@@ -41,7 +42,7 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (B, H) -> logits (B, vocab_size), gathered over ranks."""
-        logits = F.linear(hidden, self.weight)
+        logits = gemv.linear(hidden, self.weight)
         if self.tp_size > 1:
             logits = self.comm.all_gather(logits, dim=-1)
         return logits[:, : self.vocab_size]

@@ -35,6 +35,21 @@ if triton is not None:
         tl.store(out_ptr + row * D + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, x_stride, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+        dt = out_ptr.dtype.element_ty
+        s = (x + r).to(dt)  # the residual stream is rounded after each add, as in eager
+        tl.store(r_ptr + row * D + cols, s, mask=mask)
+        s32 = s.to(tl.float32)
+        y = s32 * tl.rsqrt(tl.sum(s32 * s32, axis=0) / D + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * D + cols, (y.to(dt).to(tl.float32) * w).to(dt), mask=mask)
+
+    @triton.jit
     def _qk_norm_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_out, k_out, qkv_stride,
                              eps, NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr):
         t = tl.program_id(0)
@@ -89,6 +104,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         _rms_norm_kernel[(rows.size(0),)](rows, weight, out, rows.stride(0), eps, D=D,
                                           BLOCK=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8)
     return out.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual += x (in place), then RMSNorm of it; x (T, D) row-packed, residual (T, D) contiguous.
+    Returns (normed, residual). One kernel for the add that closes a sublayer and the next norm."""
+    T, D = x.shape
+    out = torch.empty(T, D, dtype=x.dtype, device=x.device)
+    if T:
+        _add_rms_norm_kernel[(T,)](x, residual, weight, out, x.stride(0), eps, D=D,
+                                   BLOCK=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8)
+    return out, residual
 
 
 def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

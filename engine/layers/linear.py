@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixserve.engine.distributed import get_comm
+from radixserve.engine.layers import gemv
 
 
 class WeightSource(Protocol):
@@ -54,7 +54,7 @@ class LinearBase(nn.Module):
         copy_checked(param.data, loaded[:])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return gemv.linear(x, self.weight, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -141,7 +141,7 @@ class RowParallelLinear(LinearBase):
         copy_checked(param.data, loaded[:, self.tp_rank * shard : (self.tp_rank + 1) * shard])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = gemv.linear(x, self.weight)
         if self.tp_size > 1:
             y = self.comm.all_reduce(y)
         return y if self.bias is None else y + self.bias

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -14,7 +16,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        """norm(x); or, given the residual stream, (norm(x + residual), x + residual)."""
+        if residual is not None:
+            if fused.usable(x) and x.dim() == 2 and x.stride(-1) == 1 and residual.is_contiguous():
+                return fused.add_rms_norm(x, residual, self.weight, self.eps)  # updates residual in place
+            residual = x + residual
+            return self.forward(residual), residual
         if fused.usable(x) and x.stride(-1) == 1:  # one kernel instead of ~7 on CUDA
             return fused.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype

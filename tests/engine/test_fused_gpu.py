@@ -58,3 +58,30 @@ def test_silu_and_mul(rows, inter):
     x = (torch.randn(rows, 2 * inter, device="cuda") * 2).bfloat16()
     g, u = x.double().chunk(2, -1)
     assert rel_error(fused.silu_and_mul(x), torch.nn.functional.silu(g) * u) < TOL
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 1024), (37, 4096), (5, 100)])
+def test_add_rms_norm(rows, dim):
+    from radixserve.engine.layers import fused
+
+    x = torch.randn(rows, dim + 8, device="cuda").bfloat16()[:, :dim]  # strided rows, as sublayer outputs
+    res = (torch.randn(rows, dim, device="cuda") * 3).bfloat16()
+    w = (1 + 0.1 * torch.randn(dim, device="cuda")).bfloat16()
+    total = x.double() + res.double()
+    out, new_res = fused.add_rms_norm(x, res.clone(), w, 1e-6)
+    assert rel_error(new_res, total) < TOL and rel_error(out, _rms64(total, w, 1e-6)) < TOL
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("n,k,bias", [(1024, 2048, False), (1000, 3000, True), (1024, 3072, False), (7, 33, True)])
+def test_gemv(rows, n, k, bias):
+    from radixserve.engine.layers import gemv
+
+    x = torch.randn(rows, k + 4, device="cuda").bfloat16()[:, :k]  # strided rows
+    w = (torch.randn(n, k, device="cuda") / k**0.5).bfloat16()
+    b = torch.randn(n, device="cuda").bfloat16() if bias else None
+    assert gemv.usable(x, w)
+    ref = x.double() @ w.double().T + (b.double() if bias else 0)
+    out = gemv.gemv(x, w, b)
+    assert out.shape == (rows, n) and not out.isnan().any()
+    assert rel_error(out, ref) < TOL
