@@ -46,6 +46,7 @@ for s in "$@"; do
     small) stage small 300 "${SUITE[@]}" --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
     big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline,no_overlap ;;
     extra) stage extra 400 "${SUITE[@]}" --model qwen3-0.6b --parts prefix,long,hf ;;
+    bench:*) b=${s#bench:}; stage "$s" 300 python3 -m radixserve.engine.bench.${b//:/ } ;;  # e.g. "bench:profile:--model:tiny"
     *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
   esac
 done

@@ -75,11 +75,54 @@ def flashinfer_decode() -> list[dict[str, Any]]:
     return rows
 
 
+# (name, N, K): the linear layers of Qwen3-0.6B and Qwen3-8B (qkv, o, gate_up, down, lm_head).
+GEMV_SHAPES = [("0.6b qkv", 4096, 1024), ("0.6b o", 1024, 2048), ("0.6b gate_up", 6144, 1024),
+               ("0.6b down", 1024, 3072), ("0.6b lm_head", 151936, 1024), ("8b qkv", 6144, 4096),
+               ("8b o", 4096, 4096), ("8b gate_up", 24576, 4096), ("8b down", 4096, 12288)]
+
+
+def gemv() -> list[dict[str, Any]]:
+    """The small-batch GEMV against cuBLAS (F.linear), device time from CUDA graphs, M = 1, 2, 4.
+    Weights rotate over enough copies that the 50 MB L2 cannot serve them."""
+    from radixserve.engine.layers import gemv as g
+
+    rows = []
+    for name, N, K in GEMV_SHAPES:
+        copies = max(1, (256 << 20) // (N * K * 2))
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(min(copies, 8))]
+        for M in (1, 2, 4):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            ref = (x.double() @ ws[0].double().T)
+            err = float((g.gemv(x, ws[0]).double() - ref).norm() / ref.norm())
+            configs = {"heuristic": None, **{f"{bn}x{bk}w{nw}": (bn, bk, nw) for bn, bk, nw in
+                                            ((1, 1024, 4), (2, 1024, 4), (4, 1024, 8), (8, 512, 4),
+                                             (8, 1024, 8), (16, 512, 8), (4, 2048, 8), (32, 256, 4))}}
+            row: dict[str, Any] = {"kernel": f"gemv {name} N={N} K={K} M={M}", "rel_err": err}
+            row["cublas_us"] = _graphed_us(lambda w: torch.nn.functional.linear(x, w), ws)
+            for label, blocks in configs.items():
+                row[f"{label}_us"] = _graphed_us(lambda w, b=blocks: g.gemv(x, w, blocks=b), ws)
+            best = min((k for k in row if k.endswith("_us") and k != "cublas_us"), key=lambda k: row[k])
+            row["best"], row["GB_s_best"] = best, N * K * 2 / row[best] / 1e3
+            rows.append(row)
+    return rows
+
+
+def _graphed_us(fn: Any, weights: list[torch.Tensor]) -> float:
+    for w in weights:
+        fn(w)  # compile / pick algorithms outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            fn(w)
+    return _bench(graph.replay) * 1e3 / len(weights)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="radixserve bench kernels", description=__doc__)
     ap.add_argument("--out", default="kernels.jsonl")
+    ap.add_argument("--parts", default="ceilings,kv_store,flashinfer_decode,gemv")
     a = ap.parse_args(argv)
-    for part in (ceilings, kv_store, flashinfer_decode):
+    for part in (globals()[p] for p in a.parts.split(",")):
         try:
             rows = part()
         except Exception as e:  # report and go on: each part is independent
