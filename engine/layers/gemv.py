@@ -1,10 +1,10 @@
 """Matrix-vector products for decode steps of a few rows (CUDA only).
 
-At batch 1-4 a linear layer is a pure weight read. On the H200, cuBLAS reads the wide, short
-matrices with fewer outputs than inputs (Qwen3-0.6B's o_proj 1024x2048, down_proj 1024x3072) at 0.3-0.8 TB/s,
-and the rest at 1.5-3.2 TB/s, which this kernel does not beat (`radixserve bench kernels --parts
-gemv`, table in docs/benchmarks.md). So it takes only matrices with few outputs per input
-(N <= 2K) of at most 16M weights. This kernel streams each weight row once: a program owns BLOCK_N
+At batch 1-4 a linear layer is a pure weight read. On the H200, cuBLAS reads small matrices with
+fewer outputs than inputs (Qwen3-0.6B's o_proj 1024x2048, down_proj 1024x3072) at 0.3-0.8 TB/s
+and the others at 1.5-3.2 TB/s, which this kernel does not beat (`radixserve bench kernels
+--parts gemv`, table in docs/benchmarks.md). So it takes only matrices with N <= 2K outputs and
+at most 16M weights. This kernel streams each weight row once: a program owns BLOCK_N
 output features, reads their rows in BLOCK_K-wide slabs (contiguous, so loads coalesce) and keeps
 one float32 accumulator per (input row, feature). Rounding happens once, at the store.
 """
