@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.engine.sampling.sampler import M32, Penalties, SamplingBatch
+from radixserve.engine.sampling.race import M32
+from radixserve.engine.sampling.sampler import Penalties, SamplingBatch
 from radixserve.engine.scheduler.batch import Batch
 
 

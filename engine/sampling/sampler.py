@@ -2,7 +2,8 @@
 
 Random draws are counter-based: the noise for (seed, output index, token id) is a hash, so a seeded
 request samples the same tokens whatever else shares its batch, with no generator state and no host
-sync. A draw is the "exponential race": argmax(p / E) with E ~ Exp(1) picks token i with prob p_i.
+sync. The draw itself (race.py) is a Gumbel-max over the tempered logits; top-k / top-p / min-p
+only ban tokens (-inf) before it.
 """
 
 from __future__ import annotations
@@ -12,14 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-M32 = 0xFFFFFFFF
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    # Integer avalanche on 32-bit values held in int64 (products stay below 2^59: no overflow).
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & M32
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & M32
-    return x ^ (x >> 16)
+from radixserve.engine.sampling.race import M32, mix32, race
 
 
 @dataclass
@@ -62,7 +56,6 @@ class SampleOutput(NamedTuple):
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
-        self._token_hash = _mix32(torch.arange(vocab_size, dtype=torch.int64, device=device) + 0x9E3779B9)
 
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch, token_pool: torch.Tensor) -> SampleOutput:
         """logits: (S, V) float32 (not modified in place when logprobs are wanted)."""
@@ -73,9 +66,7 @@ class Sampler:
             self._apply_penalties(logits, sb.penalties, token_pool)
         if sb.suppress is not None:
             logits[sb.suppress[0], sb.suppress[1]] = float("-inf")
-        tokens = logits.argmax(dim=-1)
-        if not sb.all_greedy:
-            tokens = torch.where(sb.greedy, tokens, self._draw(logits, sb))
+        tokens = logits.argmax(dim=-1) if sb.all_greedy else self._draw(logits, sb)
         if not sb.want_logprobs:
             return SampleOutput(tokens, None, None, None)
         logp = torch.log_softmax(raw, dim=-1)  # logprobs of the model's own distribution
@@ -86,24 +77,32 @@ class Sampler:
         return SampleOutput(tokens, chosen, top.indices, top.values)
 
     def _draw(self, logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+        if sb.min_p is not None or sb.top_k is not None or sb.top_p is not None:
+            logits = logits.masked_fill(~self._kept(logits, sb), float("-inf"))
+        key = mix32(sb.seed_lo ^ mix32(sb.seed_hi + 0x632BE5AB))
+        key = mix32(key ^ (sb.step & M32))  # (S,) one stream per (seed, output index)
+        return race(logits, sb.temperature, key, sb.greedy)
+
+    @staticmethod
+    def _kept(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+        """(S, V) bool: the tokens top-k, top-p and min-p leave in the tempered distribution."""
         probs = torch.softmax(logits / sb.temperature, dim=-1)
+        keep = torch.ones_like(probs, dtype=torch.bool)
         if sb.min_p is not None:
-            probs = probs.masked_fill(probs < sb.min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+            keep &= probs >= sb.min_p * probs.max(dim=-1, keepdim=True).values
+            probs = probs * keep
         if sb.top_k is not None or sb.top_p is not None:
             sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = torch.zeros_like(sorted_p, dtype=torch.bool)
             if sb.top_k is not None:
-                rank = torch.arange(probs.size(1), device=probs.device)[None, :]
-                sorted_p = sorted_p.masked_fill(rank >= sb.top_k, 0.0)
+                drop |= torch.arange(probs.size(1), device=probs.device)[None, :] >= sb.top_k
+                sorted_p = sorted_p.masked_fill(drop, 0.0)
             if sb.top_p is not None:
                 # Keep the smallest head whose mass reaches top_p of what is left (at least one token).
                 csum = sorted_p.cumsum(dim=-1)
-                sorted_p = sorted_p.masked_fill(csum - sorted_p > sb.top_p * csum[:, -1:], 0.0)
-            probs = probs.scatter(1, order, sorted_p)
-        h = _mix32(sb.seed_lo ^ _mix32(sb.seed_hi + 0x632BE5AB))
-        h = _mix32(h ^ (sb.step & M32))
-        noise = _mix32(h[:, None] ^ self._token_hash[None, :])  # (S, V) uniform 32-bit integers
-        exp = -torch.log((noise.to(torch.float32) + 0.5) * (1.0 / 4294967296.0))
-        return (probs / exp).argmax(dim=-1)
+                drop |= csum - sorted_p > sb.top_p * csum[:, -1:]
+            keep &= ~drop.scatter(1, order, drop)
+        return keep
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, pen: Penalties, token_pool: torch.Tensor) -> None:
