@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Correctness checks and benchmarks on the GPU machine, in one call. Run from the repository root
 # with the FlashInfer wheels in .whl/ (and, if an earlier run returned it, its JIT cache in .ficache/).
+# The services also need grpcio-health-checking and grpcio-reflection wheels there (and grpcio /
+# protobuf at the versions the committed stubs were generated with); carry native/_prefix.abi3.so
+# (with a cffi wheel in .whl/) for the C++ radix tree, else the Python twin runs.
 #   bash engine/bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels
 # Results: $OUT/log.txt (everything), $OUT/results.jsonl (one JSON line per figure).
 set -u
@@ -13,7 +16,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 SHIM=/tmp/shim/radixserve
 mkdir -p "$SHIM"
 for pair in engine:engine native:native services:services client:clients/python/radixserve/client \
-            internal:protos/gen/radixserve/internal; do
+            v1:clients/python/radixserve/v1 internal:protos/gen/radixserve/internal; do
   ln -sfn "$PWD/${pair#*:}" "$SHIM/${pair%%:*}"
 done
 export PYTHONPATH=/tmp/shim:/tmp/site
@@ -47,6 +50,7 @@ for s in "$@"; do
     big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline,no_overlap ;;
     extra) stage extra 400 "${SUITE[@]}" --model qwen3-0.6b --parts prefix,long,hf ;;
     bench:*) b=${s#bench:}; stage "$s" 300 python3 -m radixserve.engine.bench.${b//:/ } ;;  # e.g. "bench:profile:--model:tiny"
+    py:*) b=${s#py:}; stage "$s" 580 python3 -m ${b//:/ } ;;  # any module, e.g. "py:radixserve.services.bench_soak:--clients:1000"
     *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
   esac
 done
