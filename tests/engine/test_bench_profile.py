@@ -11,7 +11,7 @@ from radixserve.engine.bench.models import write_model_dir
 
 
 def test_profile_times_each_phase_and_returns_every_page(tmp_path):
-    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=4,
+    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=4, page_size=1,
                       max_prefill_tokens=256)
     rows = [profile.profile_batch(core, batch, prompt_len=40, steps=5, trace=0) for batch in (1, 3)]
     assert [r["batch"] for r in rows] == [1, 3]
