@@ -68,6 +68,36 @@ class _Aborted:
 _Item: TypeAlias = _Accepted | _Aborted | Failure | detok_pb.RequestDelta
 
 
+async def _take_all(inbox: asyncio.Queue[_Item]) -> list[_Item]:
+    """Wait for one item, then take whatever else is already queued."""
+    items = [await inbox.get()]
+    while not inbox.empty():
+        items.append(inbox.get_nowait())
+    return items
+
+
+def coalesce(items: list[_Item]) -> list[_Item]:
+    """Joins each run of consecutive deltas into one (tokens, text and logprobs in order; a finish
+    ends the run). A stream whose writes fell behind the engine then sends one message for the
+    tokens that piled up instead of one per token, so a busy gateway catches up by itself."""
+    out: list[_Item] = []
+    for item in items:
+        last = out[-1] if out else None
+        if (isinstance(item, detok_pb.RequestDelta) and isinstance(last, detok_pb.RequestDelta)
+                and not last.HasField("finish")):
+            merged = detok_pb.RequestDelta()
+            merged.CopyFrom(last)
+            merged.token_ids.extend(item.token_ids)
+            merged.text = last.text + item.text
+            merged.logprobs.extend(item.logprobs)
+            if item.HasField("finish"):
+                merged.finish.CopyFrom(item.finish)
+            out[-1] = merged
+        else:
+            out.append(item)
+    return out
+
+
 @dataclass
 class RequestHandle:
     public_id: str
@@ -200,8 +230,11 @@ class Frontend(SchedulerEvents):
         started_at: float | None = None
         first_token_at: float | None = None
         completion = 0
+        ready: list[_Item] = []
         while True:
-            item = await handle.inbox.get()
+            if not ready:
+                ready = coalesce(await _take_all(handle.inbox))
+            item = ready.pop(0)
             if isinstance(item, Failure):
                 if item.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     self._full = (self._held - 1, time.monotonic())  # not counting this one

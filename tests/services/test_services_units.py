@@ -266,3 +266,27 @@ def test_loop_abort_frees_before_the_next_step_and_shows_it() -> None:
         assert time.monotonic() - t0 < 2.0  # one 0.2 s step, with room for a loaded machine
     finally:
         lp.stop(1.0)
+
+
+def test_gateway_joins_the_deltas_a_slow_stream_left_queued() -> None:
+    """Deltas that piled up while a stream's writes lagged go out as one message, in order, with
+    nothing lost; a non-delta item (an abort, a failure) is never merged or reordered."""
+    from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
+    from radixserve.services.gateway.frontend import _Aborted, coalesce
+
+    def delta(ids: list[int], text: str, finish: bool = False) -> Any:
+        d = detok_pb.RequestDelta(request_id="r", token_ids=ids, text=text,
+                                  logprobs=[detok_pb.TokenLogprobs(logprob=-float(i)) for i in ids])
+        if finish:
+            d.finish.completion_tokens = 5
+        return d
+
+    aborted = _Aborted()
+    out = coalesce([delta([1], "a"), delta([2, 3], "bc"), aborted, delta([4], "d"),
+                    delta([5], "é", finish=True), delta([6], "x")])
+    assert len(out) == 4 and out[1] is aborted
+    first, last = out[0], out[2]
+    assert list(first.token_ids) == [1, 2, 3] and first.text == "abc" and not first.HasField("finish")
+    assert [lp.logprob for lp in first.logprobs] == [-1.0, -2.0, -3.0]
+    assert list(last.token_ids) == [4, 5] and last.text == "dé" and last.finish.completion_tokens == 5
+    assert list(out[3].token_ids) == [6]  # nothing joins a delta after a finish
