@@ -66,7 +66,7 @@ class Engine:
         self.table = TableManager(config.max_running_requests, self.max_context, config.page_size, device)
         self.backend = create_backend(config.attention_backend, attn.num_heads, attn.num_kv_heads,
                                       args.head_dim, device, dtype)
-        self.sampler = Sampler(args.vocab_size, device)
+        self.sampler = Sampler()
         graph_sizes = self._graph_sizes()
         # TP ranks must agree on the pool size (free memory differs per GPU): take the smallest.
         self.num_pages = config.num_pages or get_comm().min_over_ranks(

@@ -23,7 +23,6 @@ except ImportError:
 MAX_ROWS = 4  # more rows than this and a tiled GEMM reads the weights no more often than we would
 MAX_WEIGHT_ELEMENTS = 1 << 24  # larger matrices already stream near the bandwidth limit in cuBLAS
 _TARGET_PROGRAMS = 264  # two per SM on an H100/H200: enough loads in flight to cover HBM latency
-enabled = True  # benchmarks switch it off to time cuBLAS alone
 
 
 if triton is not None:
@@ -49,7 +48,7 @@ if triton is not None:
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (enabled and triton is not None and x.is_cuda and x.dim() == 2 and 0 < x.size(0) <= MAX_ROWS
+    return (triton is not None and x.is_cuda and x.dim() == 2 and 0 < x.size(0) <= MAX_ROWS
             and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
             and x.stride(-1) == 1 and weight.is_contiguous() and weight.numel() <= MAX_WEIGHT_ELEMENTS
             and weight.size(0) <= 2 * weight.size(1))

@@ -11,6 +11,8 @@ rows x 152k tokens is gigabytes of memory traffic per step.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -32,6 +34,12 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+@functools.cache
+def _token_hash(vocab: int, device: torch.device) -> torch.Tensor:
+    """(V,) the per-token half of the hash; the same for every row and step, so built once."""
+    return mix32(torch.arange(vocab, dtype=torch.int64, device=device) + TOKEN_SALT)
+
+
 def _uniform(noise: torch.Tensor) -> torch.Tensor:
     return (noise.to(torch.float32) + 0.5) * (1.0 / 4294967296.0)  # in (0, 1), never 0 or 1
 
@@ -39,8 +47,7 @@ def _uniform(noise: torch.Tensor) -> torch.Tensor:
 def race_torch(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor,
                greedy: torch.Tensor) -> torch.Tensor:
     """logits (S, V) float, -inf where banned; temperature (S, 1); key (S,) int64 < 2^32; greedy (S,)."""
-    V = logits.size(1)
-    token_hash = mix32(torch.arange(V, dtype=torch.int64, device=logits.device) + TOKEN_SALT)
+    token_hash = _token_hash(logits.size(1), logits.device)
     gumbel = -torch.log(-torch.log(_uniform(mix32(key[:, None] ^ token_hash[None, :]))))
     scores = logits / temperature + torch.where(greedy[:, None], 0.0, gumbel)
     return scores.argmax(dim=-1)

@@ -54,9 +54,6 @@ class SampleOutput(NamedTuple):
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
-        self.vocab_size = vocab_size
-
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch, token_pool: torch.Tensor) -> SampleOutput:
         """logits: (S, V) float32 (not modified in place when logprobs are wanted)."""
         raw = logits
