@@ -23,7 +23,7 @@ import urllib.request
 from typing import Any
 
 import grpc
-from radixserve.services.bench_serving import _launch, _percentiles
+from radixserve.services.bench_serving import _percentiles, add_stack_args, parse_stack_args, stack
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -97,39 +97,28 @@ def format_table(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixserve bench abort", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
+    add_stack_args(p)
     p.add_argument("--metrics", default=None,
                    help="the scheduler's metrics URL (serve: http://HOST:METRICS_PORT+1/metrics)")
-    p.add_argument("--launch", action="store_true",
-                   help="start `radixserve serve` for the run (extra flags after --)")
-    p.add_argument("--model", default="demo", help="model for --launch")
     p.add_argument("--running", type=int, default=256, help="requests running when cancelling")
     p.add_argument("--cancels", type=int, default=64)
     p.add_argument("--output-len", type=int, default=200,
                    help="max_new_tokens of every stream; must outlast the run")
     p.add_argument("--json", dest="json_path", help="write the result here")
-    args, extra = p.parse_known_args(argv)
-    extra = [a for a in extra if a != "--"]
-    if extra and not args.launch:
-        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    args, extra = parse_stack_args(p, argv)
     if not args.launch and not args.metrics:
         p.error("--metrics is needed with --target")
     if not 0 < args.cancels <= args.running:
         p.error("need 0 < --cancels <= --running")
-    proc, target, url = None, args.target, args.metrics
+    url, serve_flags = args.metrics, extra
     if args.launch:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]  # the gateway's metrics; the scheduler's is the next one
-        proc, target = _launch(args.model, ["--max-running-requests", str(args.running),
-                                            "--metrics-port", str(port), *extra])
+        serve_flags = ["--max-running-requests", str(args.running), "--metrics-port", str(port), *extra]
         url = f"http://127.0.0.1:{port + 1}/metrics"
-    try:
+    with stack(args, serve_flags) as (target, _):
         result = measure(target, url, args.running, args.cancels, args.output_len)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
     print(format_table(result))
     if args.json_path:
         with open(args.json_path, "w") as f:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
-from radixserve.services.bench_serving import _launch, _percentiles
+from radixserve.services.bench_serving import _percentiles, add_stack_args, parse_stack_args, stack
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -144,10 +144,7 @@ def format_table(cfg: OverloadConfig, result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixserve bench overload", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
-    p.add_argument("--launch", action="store_true",
-                   help="start `radixserve serve` for the run (extra flags after --)")
-    p.add_argument("--model", default="demo", help="model for --launch")
+    add_stack_args(p)
     p.add_argument("--max-running", type=int, default=8, help="the server's request slots")
     p.add_argument("--max-queued", type=int, default=8, help="the server's queue limit")
     p.add_argument("--factor", type=float, default=3.0, help="arrival rate / saturating rate")
@@ -157,23 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="client deadline per call")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_path", help="write the result here")
-    args, extra = p.parse_known_args(argv)
-    extra = [a for a in extra if a != "--"]
-    if extra and not args.launch:
-        p.error(f"unrecognized arguments: {' '.join(extra)}")
-    cfg = OverloadConfig(args.target, args.max_running, args.max_queued, args.factor,
-                         args.duration, args.input_len, args.output_len, args.timeout, args.seed)
-    proc = None
-    if args.launch:
-        proc, target = _launch(args.model, ["--max-running-requests", str(cfg.max_running),
-                                            "--max-queued-requests", str(cfg.max_queued), *extra])
-        cfg = OverloadConfig(target, *list(asdict(cfg).values())[1:])
-    try:
+    args, extra = parse_stack_args(p, argv)
+    admission = ["--max-running-requests", str(args.max_running), "--max-queued-requests", str(args.max_queued)]
+    with stack(args, admission + extra) as (target, _):
+        cfg = OverloadConfig(target, args.max_running, args.max_queued, args.factor,
+                             args.duration, args.input_len, args.output_len, args.timeout, args.seed)
         result = asyncio.run(run(cfg))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
     print(format_table(cfg, result))
     if args.json_path:
         with open(args.json_path, "w") as f:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -196,6 +198,38 @@ def offline_tok_s(model: str, cfg: BenchConfig, vocab: int) -> float:
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
 
 
+def add_stack_args(p: argparse.ArgumentParser) -> None:
+    """--target, --launch and --model: the stack a service benchmark drives."""
+    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
+    p.add_argument("--launch", action="store_true",
+                   help="start `radixserve serve` for the run (extra flags after --)")
+    p.add_argument("--model", default="demo", help="model for --launch")
+
+
+def parse_stack_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed arguments and the flags after `--`, which only --launch may take (for `serve`)."""
+    args, extra = p.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    if extra and not args.launch:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args, extra
+
+
+@contextlib.contextmanager
+def stack(args: argparse.Namespace, serve_flags: list[str]) -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
+    """(gateway address, the `serve` process or None): launched with `serve_flags` under --launch
+    and stopped on the way out, else --target as given."""
+    if not args.launch:
+        yield args.target, None
+        return
+    proc, target = _launch(args.model, serve_flags)
+    try:
+        yield target, proc
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     """Start `radixserve serve` on a free port and wait until its gateway is SERVING."""
     import socket
@@ -228,10 +262,7 @@ def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixserve bench serving", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
-    p.add_argument("--launch", action="store_true",
-                   help="start `radixserve serve` for the run (extra flags after --)")
-    p.add_argument("--model", default="demo", help="model for --launch")
+    add_stack_args(p)
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
@@ -245,23 +276,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="after the serving run, run the same requests through the offline engine "
                         "(--model, engine defaults, slots = the largest concurrency) and report the ratio")
     p.add_argument("--json", dest="json_path", help="write the results here")
-    args, extra = p.parse_known_args(argv)
-    extra = [a for a in extra if a != "--"]
-    if extra and not args.launch:
-        p.error(f"unrecognized arguments: {' '.join(extra)}")
-    proc = None
-    target = args.target
-    if args.launch:
-        proc, target = _launch(args.model, extra)
-    try:
+    args, extra = parse_stack_args(p, argv)
+    with stack(args, extra) as (target, _):
         cfg = BenchConfig(target, tuple(int(c) for c in args.concurrency.split(",")),
                           args.num_prompts, args.input_len, args.output_len, args.range_ratio,
                           args.request_rate, args.temperature, args.seed)
         results = asyncio.run(run(cfg))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
     print(format_table(results))
     payload: dict[str, Any] = {"config": asdict(cfg), "results": [asdict(r) for r in results]}
     if args.offline_baseline:  # runs after the stack has stopped, so it has the machine to itself

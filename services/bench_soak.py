@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from radixserve.services.bench_serving import _launch, _percentiles
+from radixserve.services.bench_serving import _percentiles, add_stack_args, parse_stack_args, stack
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -293,10 +293,7 @@ def _range(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixserve bench soak", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
-    p.add_argument("--launch", action="store_true",
-                   help="start `radixserve serve` for the run (extra flags after --)")
-    p.add_argument("--model", default="demo", help="model for --launch")
+    add_stack_args(p)
     p.add_argument("--serve-pid", type=int, default=None,
                    help="pid of a running `radixserve serve`, to sample its services' RSS")
     p.add_argument("--clients", type=int, default=200)
@@ -308,24 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="client deadline per request (s)")
     p.add_argument("--json", dest="json_path", help="write the result here")
-    args, extra = p.parse_known_args(argv)
+    args, extra = parse_stack_args(p, argv)
     _raise_fd_limit()
-    extra = [a for a in extra if a != "--"]
-    if extra and not args.launch:
-        p.error(f"unrecognized arguments: {' '.join(extra)}")
-    proc, target, serve_pid = None, args.target, args.serve_pid
-    if args.launch:
-        proc, target = _launch(args.model, extra)
-        serve_pid = proc.pid
-    try:
+    with stack(args, extra) as (target, proc):
         cfg = SoakConfig(target, args.clients, args.duration, args.cancel_share,
                          args.invalid_share, _range(args.input_len), _range(args.output_len),
                          args.seed, args.timeout)
-        result = asyncio.run(run(cfg, serve_pid))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
+        result = asyncio.run(run(cfg, proc.pid if proc is not None else args.serve_pid))
     print(format_table(cfg, result))
     if args.json_path:
         payload: dict[str, Any] = {"config": asdict(cfg), "result": asdict(result)}
