@@ -45,7 +45,7 @@ for s in "$@"; do
              tar czf /tmp/fi.tgz -C "$HOME" .cache/flashinfer; ls -la /tmp/fi.tgz | tee -a "$LOG"
              [ "$(stat -c %s /tmp/fi.tgz)" -le 62914560 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz.part"
            fi ;;
-    kernels) stage kernels 120 python3 -m radixserve.engine.bench.kernels --out "$OUT/results.jsonl" ;;
+    kernels) stage kernels 300 python3 -m radixserve.engine.bench.kernels --out "$OUT/results.jsonl" ;;
     small) stage small 300 "${SUITE[@]}" --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
     big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline,no_overlap ;;
     extra) stage extra 400 "${SUITE[@]}" --model qwen3-0.6b --parts prefix,long,hf ;;

@@ -1,10 +1,12 @@
 """Kernel micro-benchmarks on the GPU: the two ceilings (copy bandwidth, bf16 matmul rate), the
-fused KV store against two index_copy_ calls, and FlashInfer paged decode. Medians of
+fused KV store against two index_copy_ calls, FlashInfer paged decode (through our backend, and
+the bare wrapper under different plan options) and the small-batch GEMV. Medians of
 triton.testing.do_bench; inputs random, rotated over several buffers where caches could help."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import time
 from typing import Any
@@ -75,6 +77,83 @@ def flashinfer_decode() -> list[dict[str, Any]]:
     return rows
 
 
+# (label, use_tensor_cores, plan options). FlashInfer 0.5.3's plan() accepts disable_split_kv for
+# both kernels but hands it only to the tensor-core (prefill-kernel) scheduler; the CUDA-core decode
+# scheduler ignores it, so "no_split" should time as "default" and "tc_no_split" shows the option.
+DECODE_VARIANTS: list[tuple[str, bool, dict[str, Any]]] = [
+    ("default", False, {}), ("no_split", False, {"disable_split_kv": True}),
+    ("tensor_cores", True, {}), ("tc_no_split", True, {"disable_split_kv": True})]
+DECODE_NKV, DECODE_HD, DECODE_P = 8, 128, 16
+
+
+def decode_variants() -> list[dict[str, Any]]:
+    """FlashInfer's paged decode wrapper as our CUDA graphs use it, under each of DECODE_VARIANTS:
+    device time per call, KV read rate, and the largest difference from the default plan's output.
+    nh 16 / 32 with 8 KV heads are Qwen3-0.6B / Qwen3-8B."""
+    import flashinfer
+
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")  # as the backend's
+    return [_decode_shape(flashinfer, workspace, nh, B, ctx)
+            for nh in (16, 32) for B in (1, 4, 16, 64, 256) for ctx in (256, 1024)]
+
+
+def _decode_shape(fi: Any, workspace: torch.Tensor, nh: int, B: int, ctx: int) -> dict[str, Any]:
+    nkv, hd, P = DECODE_NKV, DECODE_HD, DECODE_P
+    pages = B * ctx // P
+    kv_bytes = 2 * B * ctx * nkv * hd * 2  # K and V, bf16: what one call reads
+    # Enough KV copies (one per captured call) that the 50 MB L2 cannot serve the small batches.
+    copies = max(1, min(128, (512 << 20) // kv_bytes))
+    kv = torch.randn(copies, 2, pages, P, nkv, hd, device="cuda", dtype=torch.bfloat16)
+    caches = [(kv[i, 0], kv[i, 1]) for i in range(copies)]  # each (pages, P, nkv, hd), NHD
+    q = torch.randn(B, nh, hd, device="cuda", dtype=torch.bfloat16)
+    plan_args = (torch.arange(B + 1, dtype=torch.int32) * (ctx // P),  # host indptr, as the backend
+                 torch.randperm(pages, device="cuda").int(), torch.full((B,), P, dtype=torch.int32))
+    accepted = set(inspect.signature(fi.BatchDecodeWithPagedKVCacheWrapper.plan).parameters)
+    row: dict[str, Any] = {"kernel": f"decode variants nh={nh} nkv={nkv} B={B} ctx={ctx} P={P}",
+                           "calls_per_graph": copies}
+    ref: torch.Tensor | None = None
+    for label, tensor_cores, opts in DECODE_VARIANTS:
+        unknown = sorted(set(opts) - accepted)
+        if unknown:
+            row[f"{label}_skipped"] = f"plan() takes no {', '.join(unknown)}"
+            continue
+        try:
+            us, out = _graphed_decode(fi, workspace, tensor_cores, opts, q, caches, plan_args)
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:  # one variant, not the part
+            row[f"{label}_skipped"] = f"{type(e).__name__}: {e}"[:200]
+            continue
+        ref = out if label == "default" else ref
+        row[f"{label}_us"], row[f"{label}_TB_s"] = us, kv_bytes / us / 1e6
+        row[f"{label}_maxdiff"] = float((out.float() - ref.float()).abs().max()) if ref is not None else float("nan")
+    timed = [k for k in row if k.endswith("_us")]
+    row["best"] = min(timed, key=lambda k: row[k]).removesuffix("_us") if timed else None
+    return row
+
+
+def _graphed_decode(fi: Any, workspace: torch.Tensor, tensor_cores: bool, opts: dict[str, Any], q: torch.Tensor,
+                    caches: list[tuple[torch.Tensor, torch.Tensor]],
+                    plan_args: tuple[torch.Tensor, ...]) -> tuple[float, torch.Tensor]:
+    """Device us per call of one wrapper variant: len(caches) calls captured in one graph, one per
+    KV copy, and a copy of the first call's output after the last replay (the graph owns it)."""
+    indptr, indices, last = plan_args
+    B = len(last)
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+        workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores,
+        paged_kv_indptr_buffer=torch.empty(B + 1, dtype=torch.int32, device="cuda"),
+        paged_kv_indices_buffer=torch.empty(len(indices), dtype=torch.int32, device="cuda"),
+        paged_kv_last_page_len_buffer=torch.empty(B, dtype=torch.int32, device="cuda"))
+    wrapper.plan(indptr, indices, last, q.size(1), DECODE_NKV, DECODE_HD, DECODE_P,
+                 q_data_type=q.dtype, kv_data_type=q.dtype, **opts)
+    for _ in range(2):
+        wrapper.run(q, caches[0])  # JIT loads and first-launch work stay outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [wrapper.run(q, cache) for cache in caches]  # each (B, nh, hd)
+    us = _bench(graph.replay) * 1e3 / len(caches)
+    torch.cuda.synchronize()
+    return us, outs[0].clone()
+
+
 # (name, N, K): the linear layers of Qwen3-0.6B and Qwen3-8B (qkv, o, gate_up, down, lm_head).
 GEMV_SHAPES = [("0.6b qkv", 4096, 1024), ("0.6b o", 1024, 2048), ("0.6b gate_up", 6144, 1024),
                ("0.6b down", 1024, 3072), ("0.6b lm_head", 151936, 1024), ("8b qkv", 6144, 4096),
@@ -120,7 +199,7 @@ def _graphed_us(fn: Any, weights: list[torch.Tensor]) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="radixserve bench kernels", description=__doc__)
     ap.add_argument("--out", default="kernels.jsonl")
-    ap.add_argument("--parts", default="ceilings,kv_store,flashinfer_decode,gemv")
+    ap.add_argument("--parts", default="ceilings,kv_store,flashinfer_decode,decode_variants,gemv")
     a = ap.parse_args(argv)
     for part in (globals()[p] for p in a.parts.split(",")):
         try:

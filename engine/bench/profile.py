@@ -6,6 +6,10 @@ wait (blocked on the previous step's sampled ids) and process (appending tokens,
 With overlap, a step costs max(host, device): when `wait` is near 0 the host is the bottleneck.
 --trace also runs a torch.profiler pass and prints the top host ops and the summed kernel time
 per step (device busy time), so host and device can be set side by side.
+--prefill TOKENS profiles one prefill step of 16 fresh prompts totalling TOKENS tokens instead:
+the top kernels by self device time, the host time of the forward launch and the step's wall time,
+then the same step timed 3 more times without the profiler, so its overhead can be told apart.
+On a CPU the ops are the kernels: their self CPU time stands in for device time.
 """
 
 from __future__ import annotations
@@ -61,21 +65,54 @@ def _timed_steps(core: EngineCore, steps: int) -> dict[str, list[float]]:
     return times
 
 
-def _trace(core: EngineCore, steps: int, top: int) -> float:
-    from torch.profiler import ProfilerActivity, profile
+def _on_cuda(core: EngineCore) -> bool:
+    return core.engine.device.type == "cuda"
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=acts) as prof:
+
+def _activities(cuda: bool) -> list[Any]:
+    from torch.profiler import ProfilerActivity
+
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _kernel_rows(events: Any, cuda: bool, top: int) -> tuple[list[dict[str, Any]], float]:
+    """The `top` kernels by self device time (name, calls, total_us, share) and the sum over all
+    kernels in ms. On a CPU run the ops are the kernels, timed by their self CPU time."""
+    timed = [(e, e.self_device_time_total if cuda else e.self_cpu_time_total) for e in events
+             if (e.device_type.name == "CUDA") == cuda]
+    total_us = sum(t for _, t in timed)
+    timed.sort(key=lambda et: et[1], reverse=True)
+    rows = [{"kernel": e.key, "calls": e.count, "total_us": float(t), "share": t / total_us if total_us else 0.0}
+            for e, t in timed[:top]]
+    return rows, total_us / 1e3
+
+
+def _trace(core: EngineCore, steps: int, top: int) -> float:
+    from torch.profiler import profile
+
+    cuda = _on_cuda(core)
+    with profile(activities=_activities(cuda)) as prof:
         for _ in range(steps):
             core.step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        _sync(cuda)
     events = prof.key_averages()
     print(events.table(sort_by="self_cpu_time_total", row_limit=top))
-    if torch.cuda.is_available():
+    if cuda:
         print(events.table(sort_by="self_cuda_time_total", row_limit=top))
-    kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
-    return kernel_us / steps / 1e3
+    return _kernel_rows(events, cuda, top=0)[1] / steps
+
+
+def _drain(core: EngineCore) -> None:
+    """Abort every request and run the core until idle: the next measurement starts clean."""
+    for rid in list(core._reqs):
+        core.abort(rid)
+    while core.has_work():
+        core.step()
 
 
 def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int, trace: int) -> dict[str, Any]:
@@ -85,11 +122,68 @@ def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int, tra
     row.update({f"{k}_ms": 1e3 * median(v) for k, v in times.items()})
     if trace:
         row["kernels_ms"] = _trace(core, trace, top=25)
-    for rid in list(core._reqs):
-        core.abort(rid)
-    while core.has_work():
-        core.step()
+    _drain(core)
     return row
+
+
+PREFILL_REQUESTS = 16
+
+
+def _add_prefill(core: EngineCore, tokens: int, seed: int) -> None:
+    """Up to PREFILL_REQUESTS prompts totalling `tokens` random ids. A new seed every time, so the
+    radix cache holds none of them and the step computes every token."""
+    rng = random.Random(seed)
+    n = min(PREFILL_REQUESTS, tokens)
+    for i in range(n):
+        ids = [rng.randrange(10000) for _ in range(tokens // n + (i < tokens % n))]
+        core.add_request(f"f{seed}-{i}", ids, greedy_params(4))
+
+
+def _prefill_step(core: EngineCore, cuda: bool) -> dict[str, Any]:
+    """Schedule, launch and finish one step of the waiting prompts; phase times in ms. `wait` runs
+    up to a device synchronize, so `step` is the step's wall time, device work included."""
+    assert core._in_flight is None and not core.scheduler.running, "the core must start idle"
+    t0 = time.perf_counter()
+    batch = core.scheduler.schedule()
+    assert batch is not None and batch.phase == "prefill", "expected a pure prefill step"
+    t1 = time.perf_counter()
+    out = core.engine.forward(batch)
+    t2 = time.perf_counter()
+    out.wait()
+    _sync(cuda)
+    t3 = time.perf_counter()
+    core._process(batch, out)
+    t4 = time.perf_counter()
+    row: dict[str, Any] = {"tokens": batch.num_tokens, "requests": len(batch)}
+    row.update({f"{k}_ms": 1e3 * (b - a) for k, a, b in zip(PHASES, (t0, t1, t2, t3), (t1, t2, t3, t4))})
+    row["step_ms"] = 1e3 * (t4 - t0)
+    return row
+
+
+def profile_prefill(core: EngineCore, tokens: int, runs: int = 3,
+                    top: int = 25) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One prefill step of `tokens` under torch.profiler, then `runs` plain ones. Returns one row per
+    step (profiled, each plain run, plain medians) and the profiled step's top kernels."""
+    from torch.profiler import profile
+
+    cuda = _on_cuda(core)
+    _add_prefill(core, tokens, seed=0)
+    _prefill_step(core, cuda)  # warm-up: first-call allocations, JIT builds, cuBLAS heuristics
+    _drain(core)
+    _add_prefill(core, tokens, seed=1)
+    with profile(activities=_activities(cuda)) as prof:
+        traced = _prefill_step(core, cuda)
+    _drain(core)
+    kernels, kernels_ms = _kernel_rows(prof.key_averages(), cuda, top)
+    rows = [{"run": "profiled", **traced, "kernels_ms": kernels_ms}]
+    for i in range(runs):
+        _add_prefill(core, tokens, seed=2 + i)
+        rows.append({"run": f"plain {i + 1}", **_prefill_step(core, cuda), "kernels_ms": float("nan")})
+        _drain(core)
+    plain = rows[1:]
+    rows.append({k: median([r[k] for r in plain]) if k.endswith("_ms") else v for k, v in plain[0].items()})
+    rows[-1].update(run="plain median", kernels_ms=float("nan"))
+    return rows, kernels
 
 
 def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
@@ -135,21 +229,38 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace", type=int, default=0, help="also profile this many steps with torch.profiler")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-cuda-graph", action="store_true")
-    ap.add_argument("--offline", action="store_true", help="profile the DESIGN.md §7 offline workload instead")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--offline", action="store_true", help="profile the DESIGN.md §7 offline workload instead")
+    mode.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
+                      help=f"profile one prefill step of {PREFILL_REQUESTS} prompts totalling TOKENS instead")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.prefill < 0:
+        ap.error("--prefill takes a positive token count")
     batches = [int(b) for b in args.batches.split(",")]
-    core = build_core(write_model_dir(args.model, args.root), device=args.device, max_running_requests=max(batches),
-                      cuda_graph=not args.no_cuda_graph, max_prefill_tokens=8192)
+    # A prefill step must hold every prompt: one slot each, and a token budget that takes them all.
+    slots = max(*batches, PREFILL_REQUESTS) if args.prefill else max(batches)
+    core = build_core(write_model_dir(args.model, args.root), device=args.device, max_running_requests=slots,
+                      cuda_graph=not args.no_cuda_graph, max_prefill_tokens=max(8192, args.prefill))
+    kernels: list[dict[str, Any]] = []
+    title = f"decode step profile (medians): {args.model} on {device_name(args.device)}"
     try:
         if args.offline:
             rows = profile_offline(core)
+        elif args.prefill:
+            rows, kernels = profile_prefill(core, args.prefill)
+            title = f"prefill step of {args.prefill} tokens: {args.model} on {device_name(args.device)}"
         else:
             rows = [profile_batch(core, b, args.prompt_len, args.steps, args.trace) for b in batches]
     finally:
         release(core)
-    print_table(f"decode step profile (medians): {args.model} on {device_name(args.device)}", rows)
-    write_json(args.json, {"bench": "profile", "args": vars(args), "device": device_name(args.device), "rows": rows})
+    if kernels:
+        print_table("top kernels of the profiled prefill step, by self device time",
+                    [{**k, "kernel": k["kernel"][:100]} for k in kernels])
+    print_table(title, rows)
+    extra = {"kernels": kernels} if args.prefill else {}
+    write_json(args.json, {"bench": "profile", "args": vars(args), "device": device_name(args.device),
+                           "rows": rows, **extra})
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """`radixserve bench profile` on CPU: it times every phase of real decode steps and leaves the
-engine idle with every KV page accounted for (it aborts its requests mid-decode, overlap on)."""
+engine idle with every KV page accounted for (it aborts its requests mid-decode, overlap on); its
+--prefill mode profiles one whole prefill step and times plain ones, with the same guarantees."""
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 
 from radixserve.engine.bench import profile
 from radixserve.engine.bench.driver import build_core
@@ -21,3 +24,35 @@ def test_profile_times_each_phase_and_returns_every_page(tmp_path):
         assert row["step_ms"] >= row["forward_ms"] > 0
     assert not core.has_work()
     core.check_integrity()  # free + evictable == total, no slot or request left behind
+
+
+def test_profile_prefill_runs_every_token_in_one_step_and_returns_every_page(tmp_path):
+    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=16, page_size=1,
+                      max_prefill_tokens=256)
+    rows, kernels = profile.profile_prefill(core, tokens=70, runs=2, top=5)
+    assert [r["run"] for r in rows] == ["profiled", "plain 1", "plain 2", "plain median"]
+    for row in rows:
+        assert (row["tokens"], row["requests"]) == (70, 16)  # 16 prompts of 4 or 5 ids, none cached
+        assert row["step_ms"] >= row["forward_ms"] > 0
+        assert all(math.isfinite(row[f"{p}_ms"]) and row[f"{p}_ms"] >= 0 for p in profile.PHASES)
+    assert rows[-1]["step_ms"] == statistics.median(r["step_ms"] for r in rows[1:3])
+    # On a CPU the ops are the kernels: sorted by self time, shares of the step's summed op time.
+    assert len(kernels) == 5 and all(k["calls"] >= 1 and k["total_us"] > 0 for k in kernels)
+    assert [k["total_us"] for k in kernels] == sorted((k["total_us"] for k in kernels), reverse=True)
+    assert 0 < sum(k["share"] for k in kernels) <= 1
+    assert rows[0]["kernels_ms"] * 1e3 >= sum(k["total_us"] for k in kernels) * (1 - 1e-9)
+    assert not core.has_work()
+    core.check_integrity()
+
+
+def test_profile_prefill_cli_writes_rows_and_kernels(tmp_path, capsys):
+    out = tmp_path / "prefill.json"
+    profile.main(["--model", "tiny", "--root", str(tmp_path), "--device", "cpu", "--batches", "1",
+                  "--prefill", "40", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert data["args"]["prefill"] == 40
+    assert [r["run"] for r in data["rows"]] == ["profiled", "plain 1", "plain 2", "plain 3", "plain median"]
+    assert all(r["tokens"] == 40 and r["step_ms"] > 0 for r in data["rows"])
+    assert data["kernels"] and {"kernel", "calls", "total_us", "share"} <= set(data["kernels"][0])
+    printed = capsys.readouterr().out
+    assert "top kernels of the profiled prefill step" in printed and "plain median" in printed
