@@ -36,8 +36,11 @@ class StepLayout:
         return all(e == 1 for e in self.extend_lens)
 
 
+@dataclass
 class AttentionMetadata:
-    """Backend-specific per-step state built by `prepare`."""
+    """Backend-specific per-step state built by `prepare`; subclasses add their fields."""
+
+    out_loc: torch.Tensor  # (T,) int64 KV locations of the step's new tokens
 
 
 class AttentionBackend(ABC):
@@ -55,13 +58,20 @@ class AttentionBackend(ABC):
     def prepare(self, layout: StepLayout) -> AttentionMetadata:
         """Build per-step metadata once; every layer reuses it."""
 
-    @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer_id: int,
                 meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
-        """Store k/v at meta's out_loc, then causal attention of q over each request's whole context.
+        """Store k/v at meta.out_loc, then causal attention of q over each request's whole context.
 
-        Shapes: q (T, nh, hd), k and v (T, nkv, hd) -> (T, nh, hd).
+        Shapes: q (T, nh, hd), k and v (T, nkv, hd) -> (T, nh, hd). k and v are None when the caller
+        has already written them (the fused rotary kernel stores them as it goes).
         """
+        if k is not None and v is not None:
+            kv_pool.store(layer_id, meta.out_loc, k, v)
+        return self.attend(q, layer_id, meta, kv_pool)
+
+    @abstractmethod
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+        """Causal attention of q (T, nh, hd) over each request's context, new tokens included -> (T, nh, hd)."""
 
     # -- CUDA graphs (decode only) ----------------------------------------------------------------
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int, dummy_page: int) -> None:

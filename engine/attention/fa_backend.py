@@ -48,7 +48,6 @@ def _cu(lengths: list[int], device: torch.device) -> torch.Tensor:
 
 @dataclass
 class FAMetadata(AttentionMetadata):
-    out_loc: torch.Tensor  # (T,)
     cu_q: torch.Tensor  # (B + 1,) int32
     max_q: int
     seqlens: torch.Tensor  # (B,) int32 keys per request
@@ -93,10 +92,8 @@ class FlashAttentionBackend(AttentionBackend):
         return FAMetadata(layout.out_loc, _cu(ext, dev), max(ext), seqlens, max(seq), block_table, kv_loc,
                           cu_k, decode)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, FAMetadata)
-        kv_pool.store(layer_id, meta.out_loc, k, v)
         k_all, v_all = kv_pool.k[layer_id], kv_pool.v[layer_id]  # (locations, nkv, hd)
         if meta.block_table is None:  # gathered contiguous K/V, one run per request
             assert meta.kv_loc is not None and meta.cu_k is not None

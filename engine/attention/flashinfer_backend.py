@@ -61,7 +61,6 @@ class _Planner:
 
 @dataclass
 class FlashInferMetadata(AttentionMetadata):
-    out_loc: torch.Tensor  # (T,) KV locations of the new tokens
     wrapper: Any  # the planned BatchPrefill/BatchDecode wrapper
 
 
@@ -100,10 +99,8 @@ class FlashInferBackend(AttentionBackend):
                          causal=True, **self._heads())
         return FlashInferMetadata(layout.out_loc, planner.wrapper)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, FlashInferMetadata)
-        kv_pool.store(layer_id, meta.out_loc, k, v)
         P = kv_pool.page_size
         k_pages = kv_pool.k[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)  # (pages, P, nkv, hd)
         v_pages = kv_pool.v[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)

@@ -28,18 +28,18 @@ class HybridBackend(AttentionBackend):
 
     def prepare(self, layout: StepLayout) -> HybridMetadata:
         backend = self.decode if layout.is_decode else self.prefill
-        return HybridMetadata(backend, backend.prepare(layout))
+        inner = backend.prepare(layout)
+        return HybridMetadata(inner.out_loc, backend, inner)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, HybridMetadata)
-        return meta.backend.forward(q, k, v, layer_id, meta.inner, kv_pool)
+        return meta.backend.attend(q, layer_id, meta.inner, kv_pool)
 
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int, dummy_page: int) -> None:
         self.decode.init_cuda_graph(max_batch, max_pages_per_req, page_size, dummy_page)
 
     def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> HybridMetadata:
-        return HybridMetadata(self.decode, self.decode.graph_metadata(batch_size, out_loc))
+        return HybridMetadata(out_loc, self.decode, self.decode.graph_metadata(batch_size, out_loc))
 
     def plan_graph(self, batch_size: int, layout: StepLayout) -> None:
         self.decode.plan_graph(batch_size, layout)

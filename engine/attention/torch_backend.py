@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 
 @dataclass
 class TorchMetadata(AttentionMetadata):
-    out_loc: torch.Tensor  # (T,)
     kv_index: torch.Tensor  # (B, L) KV locations, padded with a valid location
     q_index: torch.Tensor  # (B, Q) flat token index of each padded query row
     mask: torch.Tensor  # (B, 1, Q, L) True where query may attend
@@ -42,10 +41,8 @@ class TorchBackend(AttentionBackend):
         flat_index = (torch.arange(B)[:, None] * Q + qpos[None, :])[q_valid]
         return TorchMetadata(layout.out_loc, kv_index, q_index.to(dev), mask.unsqueeze(1).to(dev), flat_index.to(dev))
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, TorchMetadata)
-        kv_pool.store(layer_id, meta.out_loc, k, v)
         B, Q = meta.q_index.shape
         qp = q[meta.q_index].transpose(1, 2)  # (B, nh, Q, hd)
         kp = kv_pool.k[layer_id][meta.kv_index].to(q.dtype).transpose(1, 2)  # (B, nkv, L, hd)

@@ -50,38 +50,48 @@ if triton is not None:
         tl.store(out_ptr + row * D + cols, (y.to(dt).to(tl.float32) * w).to(dt), mask=mask)
 
     @triton.jit
-    def _qk_norm_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_out, k_out, qkv_stride,
-                             eps, NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr):
+    def _qk_norm_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_out, k_out, v_out, loc_ptr,
+                             qkv_stride, eps, NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr,
+                             HP: tl.constexpr, VP: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr):
+        """One token per program, all its heads at once: rows [0, NH) of the (HP, HALF) tiles are q
+        heads, [NH, NH + NKV) k heads. STORE writes k and v straight into the paged KV cache."""
         t = tl.program_id(0)
-        h = tl.program_id(1)  # heads [0, NH) are q, [NH, NH + NKV) are k
         HD: tl.constexpr = 2 * HALF
-        i = tl.arange(0, HALF)
+        h = tl.arange(0, HP)[:, None]
+        i = tl.arange(0, HALF)[None, :]
+        is_qk, is_q = h < NH + NKV, h < NH
         base = qkv_ptr + t * qkv_stride + h * HD
-        x1 = tl.load(base + i).to(tl.float32)
-        x2 = tl.load(base + HALF + i).to(tl.float32)
+        x1 = tl.load(base + i, mask=is_qk, other=0.0).to(tl.float32)  # (HP, HALF)
+        x2 = tl.load(base + HALF + i, mask=is_qk, other=0.0).to(tl.float32)
         dt = q_out.dtype.element_ty
         if NORM:
-            r = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HD + eps)
-            if h < NH:
-                w_ptr = qw_ptr
-            else:
-                w_ptr = kw_ptr
-            x1 = (x1 * r).to(dt).to(tl.float32) * tl.load(w_ptr + i).to(tl.float32)
-            x2 = (x2 * r).to(dt).to(tl.float32) * tl.load(w_ptr + HALF + i).to(tl.float32)
-            x1, x2 = x1.to(dt).to(tl.float32), x2.to(dt).to(tl.float32)
+            r = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
+            w1 = tl.where(is_q, tl.load(qw_ptr + i).to(tl.float32), tl.load(kw_ptr + i).to(tl.float32))
+            w2 = tl.where(is_q, tl.load(qw_ptr + HALF + i).to(tl.float32), tl.load(kw_ptr + HALF + i).to(tl.float32))
+            x1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+            x2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
         p = tl.load(pos_ptr + t).to(tl.int64)
-        c1 = tl.load(cos_ptr + p * HD + i).to(dt).to(tl.float32)
+        c1 = tl.load(cos_ptr + p * HD + i).to(dt).to(tl.float32)  # (1, HALF)
         c2 = tl.load(cos_ptr + p * HD + HALF + i).to(dt).to(tl.float32)
         s1 = tl.load(sin_ptr + p * HD + i).to(dt).to(tl.float32)
         s2 = tl.load(sin_ptr + p * HD + HALF + i).to(dt).to(tl.float32)
-        o1 = x1 * c1 - x2 * s1  # rotate-half layout
-        o2 = x2 * c2 + x1 * s2
-        if h < NH:
-            dst = q_out + (t * NH + h) * HD
-        else:
-            dst = k_out + (t * NKV + h - NH) * HD
-        tl.store(dst + i, o1.to(dt))
-        tl.store(dst + HALF + i, o2.to(dt))
+        o1 = (x1 * c1 - x2 * s1).to(dt)  # rotate-half layout
+        o2 = (x2 * c2 + x1 * s2).to(dt)
+        q_dst = q_out + (t * NH + h) * HD
+        tl.store(q_dst + i, o1, mask=is_q)
+        tl.store(q_dst + HALF + i, o2, mask=is_q)
+        is_k = is_qk & (h >= NH)
+        row = t
+        if STORE:
+            row = tl.load(loc_ptr + t).to(tl.int64)
+        k_dst = k_out + (row * NKV + h - NH) * HD
+        kt = k_out.dtype.element_ty
+        tl.store(k_dst + i, o1.to(kt), mask=is_k)
+        tl.store(k_dst + HALF + i, o2.to(kt), mask=is_k)
+        if STORE:  # v as it came out of the projection: a plain copy into the cache
+            j = tl.arange(0, VP)
+            v = tl.load(qkv_ptr + t * qkv_stride + (NH + NKV) * HD + j, mask=j < NKV * HD)
+            tl.store(v_out + row * NKV * HD + j, v.to(v_out.dtype.element_ty), mask=j < NKV * HD)
 
     @triton.jit
     def _silu_mul_kernel(x_ptr, out_ptr, x_stride, I: tl.constexpr, BLOCK: tl.constexpr):
@@ -120,18 +130,29 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, num_heads: int,
-                 num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """From the fused projection qkv (T, >= (nh + nkv) * hd), row-packed: per-head RMSNorm of q and k
-    (when weights are given), then rotary. Returns q (T, nh, hd), k (T, nkv, hd), contiguous."""
+                 num_kv_heads: int, head_dim: int,
+                 kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """From the fused projection qkv (T, (nh + 2 nkv) * hd), row-packed: per-head RMSNorm of q and k
+    (when weights are given), then rotary. Returns q (T, nh, hd) and k (T, nkv, hd), contiguous; or,
+    given kv_cache = (k_cache, v_cache, loc) with caches (locations, nkv, hd) and loc (T,) int64,
+    writes k and v at loc (the KV store, in the same kernel) and returns (q, None)."""
     T = qkv.size(0)
     q = torch.empty(T, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty(T, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if kv_cache is None:
+        k_out = torch.empty(T, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+        v_out, loc = k_out, positions  # unused: STORE is off
+    else:
+        k_out, v_out, loc = kv_cache
     if T:
         norm = q_weight is not None and k_weight is not None
-        _qk_norm_rope_kernel[(T, num_heads + num_kv_heads)](
-            qkv, positions, cos, sin, q_weight if norm else qkv, k_weight if norm else qkv, q, k, qkv.stride(0),
-            eps, NH=num_heads, NKV=num_kv_heads, HALF=head_dim // 2, NORM=norm, num_warps=1)
-    return q, k
+        heads = triton.next_power_of_2(num_heads + num_kv_heads)
+        _qk_norm_rope_kernel[(T,)](
+            qkv, positions, cos, sin, q_weight if norm else qkv, k_weight if norm else qkv, q, k_out, v_out, loc,
+            qkv.stride(0), eps, NH=num_heads, NKV=num_kv_heads, HALF=head_dim // 2, HP=heads,
+            VP=triton.next_power_of_2(num_kv_heads * head_dim), NORM=norm, STORE=kv_cache is not None,
+            num_warps=4 if heads * head_dim <= 4096 else 8)
+    return q, (k_out if kv_cache is None else None)
 
 
 def rope_supported(head_dim: int) -> bool:

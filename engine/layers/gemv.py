@@ -1,12 +1,20 @@
-"""Matrix-vector products for decode steps of a few rows (CUDA only).
+"""Matrix-vector products for decode steps of a few rows (CUDA only), optionally with the
+element-wise op that produces their input folded in.
 
 At batch 1-4 a linear layer is a pure weight read. On the H200, cuBLAS reads small matrices with
 fewer outputs than inputs (Qwen3-0.6B's o_proj 1024x2048, down_proj 1024x3072) at 0.3-0.8 TB/s
-and the others at 1.5-3.2 TB/s, which this kernel does not beat (`radixserve bench kernels
---parts gemv`, table in docs/benchmarks.md). So it takes only matrices with N <= 2K outputs and
-at most 16M weights. This kernel streams each weight row once: a program owns BLOCK_N
-output features, reads their rows in BLOCK_K-wide slabs (contiguous, so loads coalesce) and keeps
-one float32 accumulator per (input row, feature). Rounding happens once, at the store.
+and the others at 1.5-3.2 TB/s, which this kernel matches but does not beat (`radixserve bench
+kernels --parts gemv`, table in docs/benchmarks.md). So the plain product takes only matrices with
+N <= 2K outputs and at most 16M weights. This kernel streams each weight row once: a program owns
+BLOCK_N output features, reads their rows in BLOCK_K-wide slabs (contiguous, so loads coalesce) and
+keeps one float32 accumulator per (input row, feature). Rounding happens once, at the store.
+
+A decode step of a small model is a chain of few-microsecond kernels, so the input's producer is
+worth folding in where the product runs here anyway:
+- `gated`: the input is silu(gate) * up of a fused [gate | up] projection (the MLP's down_proj);
+- `normed`: the input is RMSNorm(x + residual) (the qkv and gate_up projections); every program
+  recomputes the norm of its rows (a few KiB, from L2) and program 0 writes the new residual.
+Both round where the unfused layers round, so results match them to bf16 rounding.
 """
 
 from __future__ import annotations
@@ -21,37 +29,83 @@ except ImportError:
     triton = None
 
 MAX_ROWS = 4  # more rows than this and a tiled GEMM reads the weights no more often than we would
+MAX_NORMED_ROWS = 2  # the normed product re-reads its input per program; past 2 rows cuBLAS + a norm wins
 MAX_WEIGHT_ELEMENTS = 1 << 24  # larger matrices already stream near the bandwidth limit in cuBLAS
-_TARGET_PROGRAMS = 264  # two per SM on an H100/H200: enough loads in flight to cover HBM latency
+# Enough programs that every SM has several slabs in flight (the H200 sweep's best for all shapes).
+_TARGET_PROGRAMS = 2048
+
+PLAIN, GATED, NORMED = 0, 1, 2  # what the kernel's input is: x, silu(gate) * up, rms_norm(x [+ r])
 
 
 if triton is not None:
 
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, N, K, x_stride, out_stride, M: tl.constexpr,
-                     MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
-        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, r_out_ptr, nw_ptr, eps, N, K, x_stride, out_stride,
+                     M: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, INPUT: tl.constexpr, HAS_RES: tl.constexpr):
+        pid = tl.program_id(0)
+        n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, MP)
         n_mask, m_mask = n < N, m < M
+        dt = out_ptr.dtype.element_ty
+        x_rows = x_ptr + m[:, None] * x_stride
+        if INPUT == 2:  # first pass: the rows' mean square (and the new residual, by program 0)
+            ss = tl.zeros((MP,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                k = k0 + tl.arange(0, BLOCK_K)
+                mk = m_mask[:, None] & (k < K)[None, :]
+                h = tl.load(x_rows + k[None, :], mask=mk, other=0.0)
+                if HAS_RES:  # the residual stream is rounded after each add, as in eager
+                    h = (h.to(tl.float32) + tl.load(r_ptr + m[:, None] * K + k[None, :], mask=mk,
+                                                    other=0.0).to(tl.float32)).to(dt)
+                    if pid == 0:
+                        tl.store(r_out_ptr + m[:, None] * K + k[None, :], h, mask=mk)
+                h = h.to(tl.float32)
+                ss += tl.sum(h * h, axis=1)
+            scale = tl.rsqrt(ss / K + eps)[:, None]  # (MP, 1)
         acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             k_mask = k < K
+            mk = m_mask[:, None] & k_mask[None, :]
             w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                        other=0.0)
-            acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)  # (MP, BLOCK_N)
+            if INPUT == 1:  # [gate | up] rows: SiLU rounds before the product, as in eager
+                g = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
+                u = tl.load(x_rows + K + k[None, :], mask=mk, other=0.0).to(tl.float32)
+                x = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
+            elif INPUT == 2:
+                h = tl.load(x_rows + k[None, :], mask=mk, other=0.0)
+                if HAS_RES:
+                    h = (h.to(tl.float32) + tl.load(r_ptr + m[:, None] * K + k[None, :], mask=mk,
+                                                    other=0.0).to(tl.float32)).to(dt)
+                nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+                x = ((h.to(tl.float32) * scale).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
+            else:
+                x = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
+            acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)  # (MP, BLOCK_N)
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + m[:, None] * out_stride + n[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        tl.store(out_ptr + m[:, None] * out_stride + n[None, :], acc.to(dt), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def _kernel_ok(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
+    return (triton is not None and x.is_cuda and x.dim() == 2 and 0 < x.size(0) <= max_rows
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and x.stride(-1) == 1 and weight.is_contiguous() and weight.numel() <= MAX_WEIGHT_ELEMENTS)
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (triton is not None and x.is_cuda and x.dim() == 2 and 0 < x.size(0) <= MAX_ROWS
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and x.stride(-1) == 1 and weight.is_contiguous() and weight.numel() <= MAX_WEIGHT_ELEMENTS
-            and weight.size(0) <= 2 * weight.size(1))
+    """The plain product beats cuBLAS here: few rows, a small matrix with N <= 2K."""
+    return _kernel_ok(x, weight, MAX_ROWS) and weight.size(0) <= 2 * weight.size(1)
+
+
+def gated_usable(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
+    return usable(gate_up, weight) and gate_up.size(1) == 2 * weight.size(1)
+
+
+def normed_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Worth fusing even where the plain product only matches cuBLAS: it saves the norm's launch."""
+    return _kernel_ok(x, weight, MAX_NORMED_ROWS) and x.size(1) == weight.size(1)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,12 +127,38 @@ def config(N: int, K: int) -> tuple[int, int, int]:
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
     """x (M, K), weight (N, K), bias (N,) -> x @ weight.T + bias, (M, N) in x's dtype; M <= MAX_ROWS."""
-    M, K = x.shape
-    N = weight.size(0)
+    return _launch(PLAIN, x, weight, bias, blocks)[0]
+
+
+def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """gate_up (M, 2K) = [gate | up], weight (N, K) -> (silu(gate) * up) @ weight.T + bias, (M, N)."""
+    return _launch(GATED, gate_up, weight, bias, blocks)[0]
+
+
+def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                weight: torch.Tensor, bias: torch.Tensor | None = None,
+                blocks: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) row-packed, residual (M, K) contiguous or None -> (rms_norm(s) @ weight.T + bias, s)
+    with s = x + residual (a new tensor; the residual is not written) or s = x without one."""
+    y, s = _launch(NORMED, x, weight, bias, blocks, residual, norm_weight, eps)
+    assert s is not None
+    return y, s
+
+
+def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            blocks: tuple[int, int, int] | None, residual: torch.Tensor | None = None,
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    M = x.size(0)
+    N, K = weight.shape
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    r_out = None
+    if input == NORMED:
+        r_out = torch.empty(M, K, dtype=x.dtype, device=x.device) if residual is not None else x
     block_n, block_k, warps = blocks or config(N, K)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, weight, bias if bias is not None else weight, out, N, K, x.stride(0), out.stride(0), M=M,
-        MP=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
-        num_warps=warps)
-    return out
+        x, weight, bias if bias is not None else weight, out, residual if residual is not None else x,
+        r_out if r_out is not None else out, norm_weight if norm_weight is not None else weight, eps, N, K,
+        x.stride(0), out.stride(0), M=M, MP=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k,
+        HAS_BIAS=bias is not None, INPUT=input, HAS_RES=residual is not None, num_warps=warps)
+    return out, r_out

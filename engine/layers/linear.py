@@ -14,6 +14,7 @@ from torch import nn
 
 from radixserve.engine.distributed import get_comm
 from radixserve.engine.layers import gemv
+from radixserve.engine.layers.norm import RMSNorm
 
 
 class WeightSource(Protocol):
@@ -67,6 +68,14 @@ class ColumnParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         tp = get_comm().world_size
         super().__init__(in_features, _divide(out_features, tp, "output features"), bias)
+
+    def normed(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """self(norm(x + residual)) and the residual stream x + residual (x alone when residual is
+        None): one GEMV kernel at a batch of 1-2 rows, the fused add+norm and a matmul otherwise."""
+        if gemv.normed_usable(x, self.weight) and (residual is None or residual.is_contiguous()):
+            return gemv.normed_gemv(x, residual, norm.weight, norm.eps, self.weight, self.bias)
+        h, residual = (norm(x), x) if residual is None else norm(x, residual)
+        return self(h), residual
 
     def weight_loader(self, param: nn.Parameter, loaded: WeightSource) -> None:
         shard = param.data.size(0)
@@ -140,8 +149,9 @@ class RowParallelLinear(LinearBase):
         shard = param.data.size(1)
         copy_checked(param.data, loaded[:, self.tp_rank * shard : (self.tp_rank + 1) * shard])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = gemv.linear(x, self.weight)
+    def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
+        """gated: x is [gate | up] (T, 2 * in_features) and the input is silu(gate) * up (GEMV only)."""
+        y = gemv.gated_gemv(x, self.weight) if gated else gemv.linear(x, self.weight)
         if self.tp_size > 1:
             y = self.comm.all_reduce(y)
         return y if self.bias is None else y + self.bias

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.engine.layers import fused
+from radixserve.engine.layers import fused, gemv
 from radixserve.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
 
@@ -17,7 +17,12 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # (T, 2 * intermediate shard): [gate | up]
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up: (T, 2 * intermediate shard) = [gate | up] -> down(silu(gate) * up), (T, hidden)."""
+        if gemv.gated_usable(gate_up, self.down_proj.weight):  # SiLU-mul folded into the GEMV
+            return self.down_proj(gate_up, gated=True)
         if fused.usable(gate_up):
             return self.down_proj(fused.silu_and_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)

@@ -49,6 +49,16 @@ def test_qk_norm_rope(norm, tokens, nh, nkv, hd):
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
     assert rel_error(q, rope(ref_q)) < TOL and rel_error(k, rope(ref_k)) < TOL
+    # The same kernel with the KV store folded in: same q, k and v land at their locations only.
+    k_cache = torch.zeros(4 * tokens + 8, nkv, hd, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    loc = torch.randperm(k_cache.size(0), device="cuda")[:tokens]
+    q2, none = fused.qk_norm_rope(qkv, pos, rot.cos, rot.sin, qw, kw, 1e-6, nh, nkv, hd, (k_cache, v_cache, loc))
+    assert none is None and torch.equal(q2, q) and torch.equal(k_cache[loc], k)
+    assert torch.equal(v_cache[loc], qkv[:, (nh + nkv) * hd :].reshape(tokens, nkv, hd))
+    untouched = torch.ones(k_cache.size(0), dtype=torch.bool, device="cuda")
+    untouched[loc] = False
+    assert not k_cache[untouched].any() and not v_cache[untouched].any()
 
 
 @pytest.mark.parametrize("rows,inter", [(1, 3072), (129, 12288), (7, 100)])
@@ -85,3 +95,39 @@ def test_gemv(rows, n, k, bias):
     out = gemv.gemv(x, w, b)
     assert out.shape == (rows, n) and not out.isnan().any()
     assert rel_error(out, ref) < TOL
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("n,k", [(1024, 3072), (1000, 300)])
+def test_gated_gemv(rows, n, k):
+    """down_proj with SiLU-mul folded in, against silu(gate) * up rounded as the eager layers round."""
+    from radixserve.engine.layers import fused, gemv
+
+    gate_up = (torch.randn(rows, 2 * k, device="cuda") * 2).bfloat16()
+    w = (torch.randn(n, k, device="cuda") / k**0.5).bfloat16()
+    assert gemv.gated_usable(gate_up, w)
+    ref = fused.silu_and_mul(gate_up).double() @ w.double().T
+    assert rel_error(gemv.gated_gemv(gate_up, w), ref) < TOL
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("n,k,bias", [(4096, 1024, False), (6144, 1024, False), (300, 1000, True)])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_normed_gemv(rows, n, k, bias, with_residual):
+    """qkv / gate_up with the residual add and RMSNorm folded in: the product and the new residual
+    stream match add_rms_norm + F.linear; the residual passed in is not written."""
+    from radixserve.engine.layers import gemv
+
+    x = torch.randn(rows, k + 8, device="cuda").bfloat16()[:, :k]  # strided rows, as sublayer outputs
+    res = (torch.randn(rows, k, device="cuda") * 3).bfloat16() if with_residual else None
+    res_before = res.clone() if res is not None else None
+    nw = (1 + 0.1 * torch.randn(k, device="cuda")).bfloat16()
+    w = (torch.randn(n, k, device="cuda") / k**0.5).bfloat16()
+    b = torch.randn(n, device="cuda").bfloat16() if bias else None
+    assert gemv.normed_usable(x, w)
+    y, stream = gemv.normed_gemv(x, res, nw, 1e-6, w, b)
+    total = x.double() + (res.double() if res is not None else 0)
+    ref = _rms64(total, nw, 1e-6) @ w.double().T + (b.double() if bias else 0)
+    assert rel_error(y, ref) < TOL and rel_error(stream, total) < TOL
+    if res is not None:
+        assert torch.equal(res, res_before)
