@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from radixserve.services.bench_fuzz import ALLOWED, SEEDS, mutate
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 from svc_helpers import INTERNAL_SECRET, Stack, acollect, alive, collect, request
 
@@ -127,34 +128,8 @@ def test_ping_flood_gets_goaway(stack: Stack) -> None:
 
 # -- fuzz ----------------------------------------------------------------------------------------
 
-SEEDS = [
-    request("Hello world", max_new_tokens=2).SerializeToString(),
-    request([5, 6, 7], max_new_tokens=1, temperature=0.5, top_k=3, seed=1).SerializeToString(),
-    request([("user", "Hi"), ("assistant", "Yo")], max_new_tokens=2).SerializeToString(),
-    request("abc", max_new_tokens=2, stop=["x"], stop_token_ids=[3], top_logprobs=2,
-            request_id="r").SerializeToString(),
-]
-# What a mutated request may end with: a clean refusal, success, or its deadline. Never INTERNAL
-# or UNKNOWN (a crash in our code) and never UNAVAILABLE (the server going down).
-ALLOWED = {OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
-           grpc.StatusCode.DEADLINE_EXCEEDED}
-
-
-def _mutate(seed: bytes, edits: list[tuple[int, int, int]]) -> bytes:
-    data = bytearray(seed)
-    for kind, pos, value in edits:
-        at = pos % (len(data) + 1)
-        if kind == 0 and data:
-            data[at % len(data)] ^= 1 << (value % 8)  # flip a bit
-        elif kind == 1:
-            data[at:at] = bytes([value])  # insert a byte
-        elif kind == 2:
-            del data[at:at + 1 + value % 4]  # delete a few bytes
-        elif kind == 3:
-            del data[at:]  # truncate
-        elif data:
-            data[at % len(data)] = value  # overwrite (varint lengths, tags)
-    return bytes(data)
+# The seeds, the mutation scheme and the allowed statuses are `radixserve bench fuzz`'s, which runs
+# the same fuzz at a million requests from concurrent calls (RELIABILITY "Fuzz").
 
 
 def test_fuzz_generate_with_mutated_bytes(stack: Stack) -> None:
@@ -168,7 +143,7 @@ def test_fuzz_generate_with_mutated_bytes(stack: Stack) -> None:
            edits=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 1 << 16),
                                     st.integers(0, 255)), max_size=6))
     def one(seed: bytes, edits: list[tuple[int, int, int]]) -> None:
-        payload = _mutate(seed, edits)
+        payload = mutate(seed, edits)
         try:
             for _ in generate(payload, timeout=5):
                 pass
@@ -183,6 +158,21 @@ def test_fuzz_generate_with_mutated_bytes(stack: Stack) -> None:
         one()
     assert sum(seen.values()) >= 100 and seen.get(grpc.StatusCode.INVALID_ARGUMENT), seen
     assert collect(stack.stub, request("Hello", max_new_tokens=2)).code == OK
+
+
+def test_bench_fuzz_smoke(stack: Stack) -> None:
+    """`radixserve bench fuzz` for a few hundred requests: every status allowed, the probe after
+    each batch served, all four services alive, the pool invariant at the end."""
+    from radixserve.services import bench_fuzz, bench_soak
+
+    cfg = bench_fuzz.FuzzConfig(stack.target, requests=300, concurrency=16, batch=100, seed=1)
+    result = asyncio.run(bench_fuzz.run(cfg, serve_pid=stack.proc.pid, log=lambda _: None))
+    table = bench_fuzz.format_table(cfg, result)
+    assert result.passed, table
+    assert result.requests == 300 and result.batches == 3, table
+    assert result.statuses.get("INVALID_ARGUMENT") and result.statuses.get("OK"), table
+    assert set(result.processes) == set(bench_soak.SERVICES), table
+    assert [len(point) for point in result.rss_trace] == [6, 6, 6], result.rss_trace
 
 
 def _internal_methods() -> list[tuple[str, str, bool, bool, list[bytes]]]:
@@ -269,7 +259,7 @@ def test_fuzz_internal_endpoints(stack: Stack) -> None:
         def one(which: int, data: st.DataObject, edits: list[tuple[int, int, int]]) -> None:
             name, method, cs, ss, seeds = methods[which]
             seed = data.draw(st.sampled_from(seeds) | st.binary(max_size=64))
-            payload = _mutate(seed, edits)
+            payload = mutate(seed, edits)
             # Subscribe never ends by itself: a short deadline ends it once the request parsed.
             code, details = _call_raw(channels[name], method, cs, ss, payload, secret, 2)
             seen[(method, code)] = seen.get((method, code), 0) + 1
