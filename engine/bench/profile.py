@@ -174,7 +174,9 @@ def profile_prefill(core: EngineCore, tokens: int, runs: int = 3,
     with profile(activities=_activities(cuda)) as prof:
         traced = _prefill_step(core, cuda)
     _drain(core)
-    kernels, kernels_ms = _kernel_rows(prof.key_averages(), cuda, top)
+    events = prof.key_averages()
+    print(events.table(sort_by="self_cpu_time_total", row_limit=top))  # the host side of the step
+    kernels, kernels_ms = _kernel_rows(events, cuda, top)
     rows = [{"run": "profiled", **traced, "kernels_ms": kernels_ms}]
     for i in range(runs):
         _add_prefill(core, tokens, seed=2 + i)
