@@ -98,7 +98,7 @@ def test_gemv(rows, n, k, bias):
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4])
-@pytest.mark.parametrize("n,k", [(1024, 3072), (1000, 300)])
+@pytest.mark.parametrize("n,k", [(1024, 3072), (500, 300)])
 def test_gated_gemv(rows, n, k):
     """down_proj with SiLU-mul folded in, against silu(gate) * up rounded as the eager layers round."""
     from radixserve.engine.layers import fused, gemv
