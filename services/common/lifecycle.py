@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import faulthandler
-import gc
 import logging
 import os
 import signal
@@ -47,21 +46,6 @@ def dump_stacks_on_sigusr1() -> None:
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
-GIL_SWITCH_INTERVAL_S = 0.001  # Python's default is 5 ms
-
-
-def settle_runtime() -> None:
-    """Call once startup is over. Objects built so far (model, tokenizer, modules, stubs) live as long
-    as the process: freezing them keeps every later full collection from rescanning them, a pause
-    of tens of ms with torch loaded that lands on whatever stream is being served. A thread that
-    wants the GIL waits up to the switch interval for its holder; at 1 ms instead of 5 an event loop
-    and the engine thread of one process (the scheduler) stall each other less: a decode step takes
-    1-10 ms on a GPU."""
-    gc.collect()
-    gc.freeze()
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-
-
 def setup_logging(service: str, level: str = "INFO") -> None:
     logging.basicConfig(
         level=level,
@@ -82,7 +66,6 @@ async def run_until_signal(
     `drain` flips health to NOT_SERVING, refuses new work and waits for in-flight work, so the
     final `server.stop` has little left to cancel.
     """
-    settle_runtime()  # the scheduler settles again once its engine is built (on its loop thread)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

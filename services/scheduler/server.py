@@ -16,7 +16,6 @@ from radixserve.internal.scheduler.v1 import scheduler_pb2 as pb
 from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from radixserve.services.common import auth, rpc
 from radixserve.services.common.errors import ErrorInterceptor, code_number, unavailable
-from radixserve.services.common.lifecycle import settle_runtime
 from radixserve.services.scheduler import convert
 from radixserve.services.scheduler.link import DetokenizerLink
 from radixserve.services.scheduler.loop import (
@@ -99,7 +98,6 @@ class SchedulerApp:
     # -- event loop side ------------------------------------------------------------------------
     def _set_ready(self) -> None:
         self.model_ready = True
-        settle_runtime()  # the model, its graphs and tensors stay for good: out of the collector's way
         log.info("model loaded and warmed up")
         self._aio.create_task(self._update_health())
 
