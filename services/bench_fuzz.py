@@ -29,7 +29,8 @@ from typing import Any
 
 import grpc
 from radixserve.services.bench_serving import add_stack_args, parse_stack_args, stack
-from radixserve.services.bench_soak import _raise_fd_limit, _wait_idle, sample, service_pids
+from radixserve.services.bench_soak import (_raise_fd_limit, _wait_idle, process_changes, process_table, sample,
+                                            service_pids)
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -215,14 +216,7 @@ async def run(cfg: FuzzConfig, serve_pid: int | None = None, log: Any = print) -
         result.statuses = dict(sorted(statuses.items()))
         if not result.died:
             result.invariant_ok, result.idle_info = await _wait_idle(stub, 30.0)
-    for name, pid in pids.items():
-        if name in result.died:
-            continue
-        after = sample(pid)
-        result.processes[name] = {
-            "rss_before_mib": before[name]["rss_mib"], "rss_after_mib": after["rss_mib"],
-            "fds_before": before[name]["fds"], "fds_after": after["fds"],
-        }
+    result.processes = process_changes(pids, before, skip=tuple(result.died))
     return result
 
 
@@ -240,12 +234,8 @@ def format_table(cfg: FuzzConfig, r: FuzzResult) -> str:
         f"| failed probes (valid request after a batch) | {r.probes_failed} |",
         f"| services died | {', '.join(r.died) or 'none'} |",
         f"| pool invariant at the end | {'holds' if r.invariant_ok else 'NO'} |",
+        *process_table(r.processes),
     ]
-    if r.processes:
-        rows += ["", "| service | RSS before (MiB) | RSS after (MiB) | fds before | fds after |",
-                 "|---|---|---|---|---|"]
-        rows += [f"| {name} | {p['rss_before_mib']:.0f} | {p['rss_after_mib']:.0f} | "
-                 f"{p['fds_before']:.0f} | {p['fds_after']:.0f} |" for name, p in r.processes.items()]
     return "\n".join(rows)
 
 

@@ -200,6 +200,27 @@ class _Soak:
             await self._one(rng, stub)
 
 
+def process_changes(pids: dict[str, int], before: dict[str, dict[str, float]],
+                    skip: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
+    """RSS and fds of each service now against `before` (from `sample`); `skip` the dead ones."""
+    out = {}
+    for name, pid in pids.items():
+        if name not in skip:
+            after = sample(pid)
+            out[name] = {"rss_before_mib": before[name]["rss_mib"], "rss_after_mib": after["rss_mib"],
+                         "fds_before": before[name]["fds"], "fds_after": after["fds"]}
+    return out
+
+
+def process_table(processes: dict[str, dict[str, float]]) -> list[str]:
+    """The markdown rows of `process_changes`' result (none when no services were sampled)."""
+    if not processes:
+        return []
+    return ["", "| service | RSS before (MiB) | RSS after (MiB) | fds before | fds after |", "|---|---|---|---|---|",
+            *(f"| {name} | {p['rss_before_mib']:.0f} | {p['rss_after_mib']:.0f} | {p['fds_before']:.0f} | "
+              f"{p['fds_after']:.0f} |" for name, p in processes.items())]
+
+
 async def _wait_idle(stub: pb_grpc.GenerateServiceStub, timeout_s: float) -> tuple[bool, dict[str, int]]:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -238,12 +259,7 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
     finally:
         for channel in channels:
             await channel.close()
-    for name, pid in pids.items():
-        after = sample(pid)
-        result.processes[name] = {
-            "rss_before_mib": before[name]["rss_mib"], "rss_after_mib": after["rss_mib"],
-            "fds_before": before[name]["fds"], "fds_after": after["fds"],
-        }
+    result.processes = process_changes(pids, before)
     return result
 
 
@@ -269,12 +285,8 @@ def format_table(cfg: SoakConfig, r: SoakResult) -> str:
             "kv_pages_evictable", "kv_pages_protected", "gateway_live_requests",
             "detokenizer_live_requests")),
         f"| invariant holds | {'yes' if r.invariant_ok else 'NO'} |",
+        *process_table(r.processes),
     ]
-    if r.processes:
-        rows += ["", "| service | RSS before (MiB) | RSS after (MiB) | fds before | fds after |",
-                 "|---|---|---|---|---|"]
-        rows += [f"| {name} | {p['rss_before_mib']:.0f} | {p['rss_after_mib']:.0f} | "
-                 f"{p['fds_before']:.0f} | {p['fds_after']:.0f} |" for name, p in r.processes.items()]
     return "\n".join(rows)
 
 
