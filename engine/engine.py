@@ -133,8 +133,8 @@ class Engine:
             if len(rows) < len(slot_list):
                 logits = logits[torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)]
         else:
-            # Expanded to one entry per token on the device: torch's CPU repeat_interleave costs ~2 ms
-            # per call at 8k tokens, longer than the GPU takes for a tenth of the step.
+            # Expanded to one entry per token on the device: on CPU tensors repeat_interleave takes
+            # milliseconds at 8k tokens, host time that every prefill step paid.
             per_req = torch.stack([slots, prefix - starts, ext]).to(dev, non_blocking=True)  # (3, B)
             slot_tok_d = torch.repeat_interleave(per_req[0], per_req[2], output_size=T)
             pos_d = torch.repeat_interleave(per_req[1], per_req[2], output_size=T)  # (T,) absolute positions
