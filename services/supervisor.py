@@ -10,8 +10,9 @@ stops the remaining children and exits non-zero, so an outer supervisor (systemd
 docker restart policy) restarts the whole stack from a clean state. Children get SIGTERM if the
 supervisor itself dies (PR_SET_PDEATHSIG), so nothing is orphaned.
 
-Hung children: once all are ready, each must answer a grpc.health.v1 Check (any status) at least
-once per `--watchdog-timeout`; one that does not gets SIGUSR1 (its stacks go to its log through
+Hung children: from its first answer on (during startup too: one child can hang while another is
+still loading), each must answer a grpc.health.v1 Check (any status) at least once per
+`--watchdog-timeout`; one that does not gets SIGUSR1 (its stacks go to its log through
 faulthandler, which needs no GIL), then SIGKILL, and the dead-child path above runs. This catches
 what the scheduler's in-process watchdog (a Python thread) cannot: a hang that holds the GIL.
 """
@@ -67,12 +68,20 @@ class Supervisor:
             children = self._children(sockets)
             for child in children:
                 self._spawn(child)
-            ready = self._wait_ready(children)
-            if ready:
-                log.info("serving %s on %s", self._config.engine.model_path, self._config.gateway_address)
-                failed = self._watch(children)
-            else:
-                failed = self._stop_signal is None
+            # Probed from the start: a child can hang while the others are still getting ready.
+            timeout_s = self._config.watchdog_timeout_s
+            liveness = Liveness(children, timeout_s) if timeout_s > 0 else None
+            try:
+                ready = self._wait_ready(children, liveness)
+                if ready:
+                    log.info("serving %s on %s", self._config.engine.model_path,
+                             self._config.gateway_address)
+                    failed = self._watch(liveness)
+                else:
+                    failed = self._stop_signal is None
+            finally:
+                if liveness is not None:
+                    liveness.close()
         finally:
             self._shutdown()
             for signum, handler in previous.items():
@@ -129,12 +138,13 @@ class Supervisor:
         self._procs[child.name] = subprocess.Popen(child.argv, env=env, start_new_session=True)
         log.info("started %s (pid %d)", child.name, self._procs[child.name].pid)
 
-    def _wait_ready(self, children: list[Child]) -> bool:
+    def _wait_ready(self, children: list[Child], liveness: Liveness | None) -> bool:
         deadline = time.monotonic() + self._config.startup_timeout_s
         for child in children:
             with grpc.insecure_channel(child.address) as channel:
                 stub = health_pb2_grpc.HealthStub(channel)
                 while not _serving(stub):
+                    self._kill_if_silent(liveness)
                     if self._stop_signal is not None or self._dead_child() is not None:
                         return False
                     if time.monotonic() > deadline:
@@ -144,30 +154,25 @@ class Supervisor:
             log.info("%s ready", child.name)
         return True
 
-    def _watch(self, children: list[Child]) -> bool:
+    def _watch(self, liveness: Liveness | None) -> bool:
         """Until a signal (False: clean stop) or a child's death (True: failure); a child that
         stops answering its health check is killed, which makes it a death."""
-        timeout_s = self._config.watchdog_timeout_s
-        liveness = Liveness(children, timeout_s) if timeout_s > 0 else None
-        try:
-            while self._stop_signal is None:
-                if self._dead_child() is not None:
-                    return True
-                silent = liveness.silent() if liveness is not None else None
-                if silent is not None:
-                    self._kill_hung(silent, timeout_s)
-                time.sleep(POLL_S)
-        finally:
-            if liveness is not None:
-                liveness.close()
+        while self._stop_signal is None:
+            if self._dead_child() is not None:
+                return True
+            self._kill_if_silent(liveness)
+            time.sleep(POLL_S)
         log.info("signal %d: draining", self._stop_signal)
         return False
 
-    def _kill_hung(self, name: str, timeout_s: float) -> None:
+    def _kill_if_silent(self, liveness: Liveness | None) -> None:
+        name = liveness.silent() if liveness is not None else None
+        if name is None:
+            return
         proc = self._procs[name]
         log.critical("%s (pid %d) has not answered its health check for %.1f s (hung; a stuck "
                      "call holding the GIL escapes its own watchdog): dumping its stacks to its "
-                     "log and killing it", name, proc.pid, timeout_s)
+                     "log and killing it", name, proc.pid, self._config.watchdog_timeout_s)
         if proc.poll() is None:
             proc.send_signal(signal.SIGUSR1)  # children register faulthandler for it
             time.sleep(STACK_DUMP_S)
@@ -208,7 +213,9 @@ class Liveness:
         self._channels = {c.name: grpc.insecure_channel(c.address) for c in children}
         self._stubs = {n: health_pb2_grpc.HealthStub(ch) for n, ch in self._channels.items()}
         now = time.monotonic()
-        self._answered = dict.fromkeys(self._stubs, now)
+        # Silence counts from a child's first answer: before it, the child is still starting
+        # (its server not yet up), which the startup timeout bounds instead.
+        self._answered: dict[str, float | None] = dict.fromkeys(self._stubs, None)
         self._sent = dict.fromkeys(self._stubs, now - self._interval_s)
         self._pending: dict[str, grpc.Future] = {}
 
@@ -227,7 +234,8 @@ class Liveness:
                 self._pending[name] = stub.Check.future(
                     health_pb2.HealthCheckRequest(service=""), timeout=self._timeout_s)
                 self._sent[name] = now
-            if now - self._answered[name] > self._timeout_s:
+            answered = self._answered[name]
+            if answered is not None and now - answered > self._timeout_s:
                 return name
         return None
 

@@ -3,8 +3,10 @@
 `RADIXSERVE_TEST_FAULT=hang:N` makes every engine step after the first N (warm-up steps
 included) sleep forever; `raise:N` makes it raise `InjectedFault` instead; `gil:N` makes it sleep
 forever *holding the GIL*, so no other Python thread of the scheduler (its event loop, its
-in-process watchdog) runs again: only the supervisor's out-of-process check can catch it. The
-variable is read once, when the scheduler starts; unset (the normal case) leaves the engine
+in-process watchdog) runs again: only the supervisor's out-of-process check can catch it.
+`KIND:@PATH` arms the fault once the file PATH exists instead of after a step count, so a test
+can break the engine at the moment it chooses (every stream decoding) however slow the machine.
+The variable is read once, when the scheduler starts; unset (the normal case) leaves the engine
 untouched.
 """
 
@@ -24,13 +26,16 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def parse(spec: str | None) -> tuple[str, int] | None:
+def parse(spec: str | None) -> tuple[str, int | str] | None:
+    """(kind, steps before the fault) or (kind, trigger file path); None when unset."""
     if not spec:
         return None
-    kind, _, after = spec.partition(":")
-    if kind not in KINDS or not after.isdigit():
-        raise ValueError(f"{FAULT_ENV}={spec!r}: expected hang:N, raise:N or gil:N")
-    return kind, int(after)
+    kind, _, when = spec.partition(":")
+    if kind in KINDS and when.isdigit():
+        return kind, int(when)
+    if kind in KINDS and when.startswith("@") and len(when) > 1:
+        return kind, when[1:]
+    raise ValueError(f"{FAULT_ENV}={spec!r}: expected KIND:N or KIND:@PATH, KIND one of {KINDS}")
 
 
 def wrap_factory(factory: Callable[[], Any], spec: str | None = None) -> Callable[[], Any]:
@@ -42,24 +47,29 @@ def wrap_factory(factory: Callable[[], Any], spec: str | None = None) -> Callabl
 
 
 class _Faulty:
-    """Forwards everything to the engine; `step` breaks after `after` calls."""
+    """Forwards everything to the engine; `step` breaks after `when` calls, or once the file
+    `when` names exists."""
 
-    def __init__(self, engine: Any, kind: str, after: int) -> None:
+    def __init__(self, engine: Any, kind: str, when: int | str) -> None:
         self._engine = engine
         self._kind = kind
-        self._left = after
+        self._trigger = when if isinstance(when, str) else None
+        self._left = when if isinstance(when, int) else 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
     def step(self) -> list[Any]:
+        if self._trigger is not None and os.path.exists(self._trigger):
+            self._left = 0
         if self._left <= 0:
             if self._kind == "raise":
                 raise InjectedFault("injected engine step failure")
             if self._kind == "gil":
                 hold_gil_forever()
             threading.Event().wait()  # hang: nothing ever sets it
-        self._left -= 1
+        if self._trigger is None:
+            self._left -= 1
         return self._engine.step()
 
 

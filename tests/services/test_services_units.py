@@ -153,6 +153,23 @@ def test_loop_injected_fault_is_fatal(spec: str, capfd: pytest.CaptureFixture[st
     lp.stop(0.1)
 
 
+def test_fault_armed_by_a_trigger_file_breaks_the_next_step(tmp_path: Any) -> None:
+    from radixserve.services.scheduler import faults
+
+    trigger = tmp_path / "fault"
+    assert faults.parse(f"raise:@{trigger}") == ("raise", str(trigger))
+    for bad in ("raise:", "raise:@", "boom:3", "hang:x"):
+        with pytest.raises(ValueError, match="KIND:N or KIND:@PATH"):
+            faults.parse(bad)
+    engine = faults.wrap_factory(FakeEngine, f"raise:@{trigger}")()
+    engine.add_request("a", [5], SamplingParams(max_new_tokens=100))
+    for _ in range(5):  # no step count arms it: the file does
+        engine.step()
+    trigger.touch()
+    with pytest.raises(faults.InjectedFault):
+        engine.step()
+
+
 def test_loop_watchdog_quiet_when_idle_or_slow_but_moving() -> None:
     sink = Sink()
     lp = EngineLoop(lambda: FakeEngine(step_delay_s=0.1), sink,
@@ -290,3 +307,41 @@ def test_gateway_joins_the_deltas_a_slow_stream_left_queued() -> None:
     assert [lp.logprob for lp in first.logprobs] == [-1.0, -2.0, -3.0]
     assert list(last.token_ids) == [4, 5] and last.text == "dé" and last.finish.completion_tokens == 5
     assert list(out[3].token_ids) == [6]  # nothing joins a delta after a finish
+
+
+def test_liveness_judges_silence_from_the_first_answer() -> None:
+    """A child not listening yet is starting, not hung; one that answered and then went quiet
+    for the timeout is named, whatever phase the supervisor is in."""
+    from concurrent import futures
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from radixserve.services.supervisor import Child, Liveness
+
+    quiet = threading.Event()
+
+    class Health(health_pb2_grpc.HealthServicer):
+        def Check(self, request: Any, context: Any) -> Any:
+            if quiet.is_set():
+                time.sleep(5)  # like a process whose GIL is held: no answer in time
+            return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    health_pb2_grpc.add_HealthServicer_to_server(Health(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    children = [Child("up", [], f"127.0.0.1:{port}"), Child("starting", [], "unix:/nonexistent.sock")]
+    liveness = Liveness(children, timeout_s=0.8)
+    try:
+        deadline = time.monotonic() + 1.6
+        while time.monotonic() < deadline:  # both quiet past the timeout: "starting" never answered
+            assert liveness.silent() is None
+            time.sleep(0.05)
+        quiet.set()
+        t0 = time.monotonic()
+        while liveness.silent() != "up":
+            assert time.monotonic() - t0 < 3.0, "a silent child was never named"
+            time.sleep(0.05)
+        assert time.monotonic() - t0 > 0.5  # named after the timeout, not at the first late probe
+    finally:
+        liveness.close()
+        server.stop(0)
