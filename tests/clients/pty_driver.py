@@ -27,6 +27,11 @@ class PtyProcess:
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         pid, fd = pty.fork()
         if pid == 0:  # child: exec at once, so no state of the (threaded) parent is used
+            # ...except what exec keeps: the signal mask and ignored signals. A terminal's program
+            # starts with neither, or a typed Ctrl-C would never reach it as SIGINT.
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGPIPE):
+                signal.signal(signum, signal.SIG_DFL)
             os.execvpe(argv[0], argv, env)
         self.pid, self.fd = pid, fd
         # A real terminal has a size; prompt_toolkit lays out its line by it.
