@@ -27,6 +27,7 @@ from radixserve.services.gateway.types import (
 from radixserve.v1 import generate_pb2 as pb
 
 MAX_REQUEST_ID_LEN = 256
+MAX_N = 64  # completions per request (sampling.n)
 
 _SAMPLING_FIELDS = (
     "temperature",
@@ -110,11 +111,15 @@ def params_from_pb(request: pb.GenerateRequest) -> SamplingParams:
 def generate_spec_from_pb(request: pb.GenerateRequest) -> GenerateSpec:
     if len(request.request_id) > MAX_REQUEST_ID_LEN:
         raise invalid_argument(f"request_id is longer than {MAX_REQUEST_ID_LEN} characters")
+    n = request.sampling.n if request.sampling.HasField("n") else 1
+    if not 1 <= n <= MAX_N:
+        raise invalid_argument(f"sampling.n must be in [1, {MAX_N}], got {n}")
     return GenerateSpec(
         request_id=request.request_id,
         prompt=prompt_from_pb(request),
         params=params_from_pb(request),
         return_prompt_info=request.options.return_prompt_info,
+        n=n,
     )
 
 
@@ -136,7 +141,7 @@ def event_to_pb(request_id: str, event: Event) -> pb.GenerateResponse:
         delta = pb.Delta(
             token_ids=event.token_ids, text=event.text, logprobs=_logprobs_to_pb(event.logprobs)
         )
-        return pb.GenerateResponse(request_id=request_id, delta=delta)
+        return pb.GenerateResponse(request_id=request_id, delta=delta, index=event.index)
     finished = pb.Finished(
         finish_reason=_REASONS[event.reason],
         usage=pb.Usage(
@@ -154,7 +159,7 @@ def event_to_pb(request_id: str, event: Event) -> pb.GenerateResponse:
         finished.stop_string = event.stop_string
     elif event.stop_token_id is not None:
         finished.stop_token_id = event.stop_token_id
-    return pb.GenerateResponse(request_id=request_id, finished=finished)
+    return pb.GenerateResponse(request_id=request_id, finished=finished, index=event.index)
 
 
 def internal_reason(number: int) -> str:
@@ -162,7 +167,8 @@ def internal_reason(number: int) -> str:
 
 
 def new_request_to_pb(
-    rid: str, prompt_ids: list[int], params: SamplingParams, skip_special_tokens: bool
+    rid: str, prompt_ids: list[int], params: SamplingParams, skip_special_tokens: bool,
+    group: str = "",
 ) -> sched_pb.NewRequest:
     assert params.max_new_tokens is not None, "max_new_tokens is resolved before submission"
     sampling = sched_pb.SamplingParams(
@@ -188,7 +194,8 @@ def new_request_to_pb(
         skip_special_tokens=skip_special_tokens,
     )
     return sched_pb.NewRequest(
-        request_id=rid, prompt_ids=prompt_ids, sampling=sampling, detokenize=options
+        request_id=rid, prompt_ids=prompt_ids, sampling=sampling, detokenize=options,
+        group_id=group,
     )
 
 

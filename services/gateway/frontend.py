@@ -84,7 +84,7 @@ def coalesce(items: list[_Item]) -> list[_Item]:
     for item in items:
         last = out[-1] if out else None
         if (isinstance(item, detok_pb.RequestDelta) and isinstance(last, detok_pb.RequestDelta)
-                and not last.HasField("finish")):
+                and item.request_id == last.request_id and not last.HasField("finish")):
             merged = detok_pb.RequestDelta()
             merged.CopyFrom(last)
             merged.token_ids.extend(item.token_ids)
@@ -100,14 +100,29 @@ def coalesce(items: list[_Item]) -> list[_Item]:
 
 @dataclass
 class RequestHandle:
+    """One Generate call: `spec.n` completions, each an internal request of its own (`rids[i]`
+    is completion i), submitted as one group."""
+
     public_id: str
-    rid: str
+    rids: tuple[str, ...]
     spec: GenerateSpec
     t0: float = field(default_factory=time.monotonic)
     inbox: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
     submitted: bool = False
-    finished: bool = False
+    finished: bool = False  # the scheduler holds nothing more for it (all done, or refused)
     aborted: bool = False  # by the Abort RPC; may come before submission (while tokenizing)
+    done: set[int] = field(default_factory=set)  # completions that have had their Finished
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {rid: i for i, rid in enumerate(self.rids)}
+
+
+def _completion_params(params: SamplingParams, i: int) -> SamplingParams:
+    """Completion i of a seeded request draws with seed + i, so the n completions differ."""
+    if i == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + i) % 2**64)
 
 
 class Frontend(SchedulerEvents):
@@ -138,7 +153,7 @@ class Frontend(SchedulerEvents):
     # -- Generate -------------------------------------------------------------------------------
     def open(self, spec: GenerateSpec) -> RequestHandle:
         self.model_info()
-        if len(self._by_rid) >= self._config.max_in_flight:
+        if len(self._by_rid) + spec.n > self._config.max_in_flight:
             raise overloaded("too many requests in flight")
         if self._full is not None:
             # The scheduler said "queue full" while it held `held` of ours. Only one of them
@@ -152,8 +167,9 @@ class Frontend(SchedulerEvents):
         public_id = spec.request_id or uuid.uuid4().hex
         if public_id in self._by_public:
             raise invalid_argument(f"request_id {public_id!r} is already running")
-        handle = RequestHandle(public_id, uuid.uuid4().hex, spec)
-        self._by_rid[handle.rid] = handle
+        handle = RequestHandle(public_id, tuple(uuid.uuid4().hex for _ in range(spec.n)), spec)
+        for rid in handle.rids:
+            self._by_rid[rid] = handle
         self._by_public[public_id] = handle
         if self._metrics is not None:
             self._metrics.in_flight.inc()
@@ -162,27 +178,34 @@ class Frontend(SchedulerEvents):
     async def run(self, handle: RequestHandle) -> AsyncIterator[Event]:
         """Tokenize, check, submit and stream one request. Leaving early (client cancel, deadline,
         error) aborts it in the scheduler."""
+        n = len(handle.rids)
         try:
             info = self.model_info()
-            prompt_ids = await self._prompt_ids(handle.rid, handle.spec.prompt, info)
+            prompt_ids = await self._prompt_ids(handle.rids[0], handle.spec.prompt, info)
             params = self._resolve(handle.spec.params, len(prompt_ids), info)
             if not handle.aborted:
-                self._links.submit(convert.new_request_to_pb(
-                    handle.rid, prompt_ids, params, handle.spec.skip_special_tokens
-                ))
+                group = handle.rids[0] if n > 1 else ""
+                self._links.submit([
+                    convert.new_request_to_pb(rid, prompt_ids, _completion_params(params, i),
+                                              handle.spec.skip_special_tokens, group)
+                    for i, rid in enumerate(handle.rids)
+                ])
                 handle.submitted = True
-                self._held += 1
+                self._held += n
             async for event in self._stream(handle, prompt_ids):
                 yield event
         finally:
-            self._by_rid.pop(handle.rid, None)
+            for rid in handle.rids:
+                self._by_rid.pop(rid, None)
             self._by_public.pop(handle.public_id, None)
             if self._metrics is not None:
                 self._metrics.in_flight.dec()
             if handle.submitted:
-                self._held -= 1
+                self._held -= n
             if handle.submitted and not handle.finished:
-                self._links.abort(handle.rid)
+                for i, rid in enumerate(handle.rids):
+                    if i not in handle.done:
+                        self._links.abort(rid)
 
     async def _prompt_ids(self, rid: str, prompt: Prompt, info: ModelInfo) -> list[int]:
         if isinstance(prompt, IdsPrompt):
@@ -227,9 +250,10 @@ class Frontend(SchedulerEvents):
             raise invalid_argument(str(exc)) from None
 
     async def _stream(self, handle: RequestHandle, prompt_ids: list[int]) -> AsyncIterator[Event]:
+        n, index = len(handle.rids), handle.index
         started_at: float | None = None
         first_token_at: float | None = None
-        completion = 0
+        completion = [0] * n
         ready: list[_Item] = []
         while True:
             if not ready:
@@ -237,7 +261,7 @@ class Frontend(SchedulerEvents):
             item = ready.pop(0)
             if isinstance(item, Failure):
                 if item.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    self._full = (self._held - 1, time.monotonic())  # not counting this one
+                    self._full = (self._held - n, time.monotonic())  # not counting this one
                     raise overloaded(item.message)
                 raise ServiceError(item.code, item.message)
             if started_at is None:
@@ -248,31 +272,36 @@ class Frontend(SchedulerEvents):
                 continue
             if isinstance(item, _Aborted):
                 handle.finished = True
-                yield self._finished(handle, "aborted", None, None, prompt_ids, completion, 0,
-                                     started_at, first_token_at)
+                for i in range(n):
+                    if i not in handle.done:
+                        yield self._finished(handle, i, "aborted", None, None, prompt_ids,
+                                             completion[i], 0, started_at, first_token_at)
                 return
+            i = index[item.request_id]
             if item.token_ids and first_token_at is None:
                 first_token_at = time.monotonic()
-            completion += len(item.token_ids)
+            completion[i] += len(item.token_ids)
             if item.token_ids or item.text:
-                yield Delta(list(item.token_ids), item.text, list(item.logprobs))
+                yield Delta(list(item.token_ids), item.text, list(item.logprobs), i)
             if item.HasField("finish"):
-                handle.finished = True
+                handle.done.add(i)
+                handle.finished = len(handle.done) == n
                 f = item.finish
                 matched = f.WhichOneof("matched_stop")
                 yield self._finished(
-                    handle, convert.internal_reason(f.reason),
+                    handle, i, convert.internal_reason(f.reason),
                     f.stop_string if matched == "stop_string" else None,
                     f.stop_token_id if matched == "stop_token_id" else None,
-                    prompt_ids, f.completion_tokens or completion, f.cached_tokens,
+                    prompt_ids, f.completion_tokens or completion[i], f.cached_tokens,
                     started_at, first_token_at,
                 )
-                return
+                if handle.finished:
+                    return
 
     def _finished(
-        self, handle: RequestHandle, reason: Any, stop_string: str | None, stop_token: int | None,
-        prompt_ids: list[int], completion: int, cached: int, started_at: float,
-        first_token_at: float | None,
+        self, handle: RequestHandle, index: int, reason: Any, stop_string: str | None,
+        stop_token: int | None, prompt_ids: list[int], completion: int, cached: int,
+        started_at: float, first_token_at: float | None,
     ) -> Finished:
         now = time.monotonic()
         ttft = None if first_token_at is None else first_token_at - handle.t0
@@ -281,6 +310,7 @@ class Frontend(SchedulerEvents):
         return Finished(
             reason, stop_string, stop_token, len(prompt_ids), completion, cached,
             queue_s=started_at - handle.t0, ttft_s=ttft or 0.0, total_s=now - handle.t0,
+            index=index,
         )
 
     # -- other RPCs -----------------------------------------------------------------------------
@@ -294,7 +324,8 @@ class Frontend(SchedulerEvents):
             handle.aborted = True
             handle.inbox.put_nowait(_Aborted())
             if handle.submitted:
-                self._links.abort(handle.rid)
+                for rid in handle.rids:
+                    self._links.abort(rid)
         return aborted
 
     async def tokenize(self, prompt: Prompt) -> list[int]:
@@ -353,5 +384,5 @@ class Frontend(SchedulerEvents):
         self._fail_all(grpc.StatusCode.UNAVAILABLE, message)
 
     def _fail_all(self, code: grpc.StatusCode, message: str) -> None:
-        for handle in self._by_rid.values():
+        for handle in self._by_public.values():
             handle.inbox.put_nowait(Failure(code, message))

@@ -75,7 +75,8 @@ class Links:
         self._on_ready = on_ready
         self._retry_s = retry_s
         self._jobs: _Outbox[tok_pb.Job] = _Outbox()
-        self._submits: _Outbox[sched_pb.NewRequest | str] = _Outbox()  # str: an abort id
+        # A list: the requests of one Generate call (its n completions), kept in one message.
+        self._submits: _Outbox[list[sched_pb.NewRequest] | str] = _Outbox()  # str: an abort id
         self._pending_jobs: dict[str, asyncio.Future[tok_pb.JobResult]] = {}
         self.model_info: ModelInfo | None = None
         self.ready = False
@@ -98,8 +99,8 @@ class Links:
             raise ServiceError(code_from_number(result.error.code), result.error.message)
         return result
 
-    def submit(self, request: sched_pb.NewRequest) -> None:
-        self._submits.put(request)
+    def submit(self, requests: list[sched_pb.NewRequest]) -> None:
+        self._submits.put(requests)
 
     def abort(self, rid: str) -> None:
         self._submits.put(rid)
@@ -227,7 +228,7 @@ class Links:
         while True:
             batch = await self._submits.take_batch()
             msg = sched_pb.SubmitRequest(
-                requests=[item for item in batch if not isinstance(item, str)],
+                requests=[r for item in batch if not isinstance(item, str) for r in item],
                 abort_ids=[item for item in batch if isinstance(item, str)],
             )
             await call.write(msg)

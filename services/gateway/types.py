@@ -40,6 +40,7 @@ class GenerateSpec:
     params: SamplingParams
     return_prompt_info: bool = False
     skip_special_tokens: bool = True
+    n: int = 1  # completions to make from the prompt
 
 
 FinishReason = Literal["eos", "stop_token", "stop_string", "length", "aborted"]
@@ -56,6 +57,7 @@ class Delta:
     token_ids: Sequence[int]
     text: str
     logprobs: Sequence[Any]  # internal TokenLogprobs messages, converted at the edge
+    index: int = 0  # which of the request's n completions
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class Finished:
     queue_s: float
     ttft_s: float
     total_s: float
+    index: int = 0  # which of the request's n completions
 
 
 Event = Started | Delta | Finished

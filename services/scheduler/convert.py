@@ -47,6 +47,7 @@ def new_request_from_pb(msg: pb.NewRequest) -> NewRequest:
         prompt_ids=list(msg.prompt_ids),
         params=params_from_pb(msg.sampling),
         passthrough=msg.detokenize,
+        group=msg.group_id,
     )
 
 

@@ -46,6 +46,7 @@ class NewRequest:
     prompt_ids: list[int]
     params: SamplingParams
     passthrough: Any = None  # detokenizer options, handed back untouched with the setup
+    group: str = ""  # the n completions of one public request share it: added all or none
 
 
 @dataclass(frozen=True)
@@ -255,30 +256,34 @@ class EngineLoop:
             for rid in doomed:
                 self._abort(engine, rid, it)
             return
-        for req in command.requests:
-            self._add(engine, command.owner, req, it)
+        for group in _groups(command.requests):
+            self._add(engine, command.owner, group, it)
         for rid in command.abort_ids:
             self._abort(engine, rid, it)
 
-    def _add(self, engine: EngineLike, owner: Hashable, req: NewRequest, it: _Iteration) -> None:
+    def _add(self, engine: EngineLike, owner: Hashable, group: list[NewRequest], it: _Iteration) -> None:
+        """Add every request of `group` or none: a member that cannot be added (queue full, too
+        big) takes the ones added before it back out, and all get its status. Members after the
+        first see the earlier ones waiting, so a group that does not fit the queue is refused."""
         limit = self._config.max_waiting_requests
-        try:
-            if limit is not None and self._queued(engine.stats()) >= limit:
-                raise _QueueFull(f"queue full ({limit} waiting requests)")
-            engine.add_request(req.rid, list(req.prompt_ids), req.params)
-        except _QueueFull as exc:
-            it.rejected.setdefault(owner, []).append(
-                Rejection(req.rid, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            )
-            return
-        except InvalidRequestError as exc:
-            it.rejected.setdefault(owner, []).append(
-                Rejection(req.rid, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            )
-            return
-        self._owner[req.rid] = owner
-        it.accepted.setdefault(owner, []).append(req.rid)
-        it.setups[req.rid] = req
+        added: list[NewRequest] = []
+        for req in group:
+            try:
+                if limit is not None and self._queued(engine.stats()) >= limit:
+                    raise _QueueFull(f"queue full ({limit} waiting requests)")
+                engine.add_request(req.rid, list(req.prompt_ids), req.params)
+            except (_QueueFull, InvalidRequestError) as exc:
+                for taken in added:  # never announced: nothing but the engine holds them
+                    engine.abort(taken.rid)
+                code = (grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, _QueueFull)
+                        else grpc.StatusCode.INVALID_ARGUMENT)
+                it.rejected.setdefault(owner, []).extend(Rejection(r.rid, code, str(exc)) for r in group)
+                return
+            added.append(req)
+        for req in added:
+            self._owner[req.rid] = owner
+            it.accepted.setdefault(owner, []).append(req.rid)
+            it.setups[req.rid] = req
 
     def _queued(self, stats: dict[str, Any]) -> int:
         """Waiting requests beyond those that free request slots take at the next step."""
@@ -299,6 +304,17 @@ class EngineLoop:
 
 class _QueueFull(Exception):
     pass
+
+
+def _groups(requests: Sequence[NewRequest]) -> list[list[NewRequest]]:
+    """Runs of consecutive requests with the same non-empty group; ungrouped ones alone."""
+    out: list[list[NewRequest]] = []
+    for req in requests:
+        if req.group and out and out[-1][0].group == req.group:
+            out[-1].append(req)
+        else:
+            out.append([req])
+    return out
 
 
 def _warm_up(engine: EngineLike) -> None:

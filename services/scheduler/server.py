@@ -24,6 +24,7 @@ from radixserve.services.scheduler.loop import (
     EngineLike,
     EngineLoop,
     LoopConfig,
+    NewRequest,
     StepBatch,
     Submission,
 )
@@ -148,8 +149,22 @@ class SchedulerApp:
                 rejected.append(_rejection(new.request_id, grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
             except _Refused as exc:
                 rejected.append(_rejection(new.request_id, exc.code, str(exc)))
+        if rejected and requests:
+            requests = _without_refused_groups(msg, requests, rejected)
         self.loop.submit(Submission(owner, requests, list(msg.abort_ids)))
         return pb.SubmitResponse(rejected=rejected) if rejected else None
+
+
+def _without_refused_groups(msg: pb.SubmitRequest, requests: list[NewRequest],
+                            rejected: list[pb.Rejection]) -> list[NewRequest]:
+    """A group is taken whole or refused whole: members of a group with a refused member are
+    refused too (appended to `rejected`, with that member's status); the rest is returned."""
+    group_of = {new.request_id: new.group_id for new in msg.requests if new.group_id}
+    status = {group_of[r.request_id]: r.status for r in rejected if r.request_id in group_of}
+    for req in requests:
+        if req.group in status:
+            rejected.append(pb.Rejection(request_id=req.rid, status=status[req.group]))
+    return [req for req in requests if req.group not in status]
 
 
 class _Refused(Exception):

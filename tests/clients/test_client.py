@@ -62,9 +62,10 @@ def test_every_option_reaches_the_wire(fake: FakeGenerateService, target: str) -
             repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=-0.3,
             max_new_tokens=64, min_new_tokens=2, stop="END", stop_token_ids=[5, 6],
             ignore_eos=True, include_stop_str=True, top_logprobs=3, logprobs=True,
-            return_prompt_info=True, request_id="my-id",
+            return_prompt_info=True, request_id="my-id", n=1,
         )  # fmt: skip
     r = fake.seen[0].request
+    assert r.sampling.HasField("n") and r.sampling.n == 1
     s = r.sampling
     assert (s.temperature, s.top_p, s.top_k, s.seed) == (0.5, pytest.approx(0.9), 40, 7)
     assert s.min_p == pytest.approx(0.05) and s.repetition_penalty == pytest.approx(1.1)
@@ -75,6 +76,16 @@ def test_every_option_reaches_the_wire(fake: FakeGenerateService, target: str) -
     opts = r.options
     assert (opts.top_logprobs, opts.logprobs, opts.return_prompt_info) == (3, True, True)
     assert r.request_id == "my-id" and r.text == "hi"
+
+
+def test_n_completions_are_streamed_not_folded(fake: FakeGenerateService, target: str) -> None:
+    with Client(target) as c:
+        with pytest.raises(ValueError, match="iterate generate"):
+            c.generate_text("hi", n=2)
+        events = list(c.generate("hi", n=2))
+    assert fake.seen[0].request.sampling.n == 2
+    assert all(ev.index == 0 for ev in events if isinstance(ev, (Delta, Finished)))  # one here
+    assert isinstance(events[-1], Finished)
 
 
 def test_prompt_kinds(fake: FakeGenerateService, target: str) -> None:

@@ -46,6 +46,7 @@ class FakeEngine:
     added: list[str] = field(default_factory=list)
     steps: int = 0
     abort_steps: dict[str, int] = field(default_factory=dict)  # rid -> steps run when aborted
+    params_seen: dict[str, SamplingParams] = field(default_factory=dict)  # rid -> as added
 
     def __post_init__(self) -> None:
         self.model_info = SimpleNamespace(
@@ -60,6 +61,7 @@ class FakeEngine:
             raise InvalidRequestError("request needs more KV pages than the pool has")
         self.reqs[rid] = _FakeReq(list(prompt_ids), params)
         self.added.append(rid)
+        self.params_seen[rid] = params
 
     def abort(self, rid: str) -> bool:
         self.aborted.append(rid)

@@ -51,6 +51,24 @@ def test_temperature_zero_is_top_k_one_and_unset_is_sampling(stack: Stack) -> No
     assert again.token_ids == sampled[1]
 
 
+def test_n_completions_equal_single_requests_with_seed_plus_index(stack: Stack) -> None:
+    """n completions of one prompt through the real engine (admitted as one group, prefilling the
+    same prompt side by side): completion i is what a lone request with seed + i makes."""
+    ids = list(range(50, 90))
+    res = collect(stack.stub, request(ids, max_new_tokens=12, seed=11, n=3, ignore_eos=True))
+    assert res.code == grpc.StatusCode.OK, res.details
+    by_index: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for r in res.responses:
+        if r.HasField("delta"):
+            by_index[r.index] += r.delta.token_ids
+    assert sorted(r.index for r in res.responses if r.HasField("finished")) == [0, 1, 2]
+    alone = [collect(stack.stub, request(ids, max_new_tokens=12, seed=11 + i, ignore_eos=True)).token_ids
+             for i in range(3)]
+    assert [by_index[i] for i in range(3)] == alone
+    assert len({tuple(t) for t in alone}) > 1, "seeded completions should differ"
+    wait_idle(stack.stub)
+
+
 def test_64_concurrent_streams_complete(stack: Stack) -> None:
     def one(i: int):
         return collect(stack.stub, request([3 + i, 50 + i, 7], max_new_tokens=6, ignore_eos=True,

@@ -239,3 +239,59 @@ def test_internal_rpcs_need_the_shared_secret(demo_path: str) -> None:
             await stack.close()
 
     asyncio.run(main())
+
+
+def test_n_completions_stream_tagged_by_index(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        res = await acollect(stub, request([5, 6], max_new_tokens=4, n=3, seed=7, request_id="n3"))
+        assert res.code == grpc.StatusCode.OK, res.details
+        assert [r.WhichOneof("event") for r in res.responses].count("started") == 1
+        assert res.responses[0].HasField("started")
+        tokens: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        finished = {}
+        for r in res.responses:
+            if r.HasField("delta"):
+                assert r.index not in finished, "a Delta after its completion's Finished"
+                tokens[r.index] += r.delta.token_ids
+            elif r.HasField("finished"):
+                finished[r.index] = r.finished
+        assert res.responses[-1].HasField("finished")  # the stream ends with the last Finished
+        assert sorted(finished) == [0, 1, 2]
+        assert all(len(t) == 4 for t in tokens.values())
+        assert all(f.usage.completion_tokens == 4 and f.usage.prompt_tokens == 2 for f in finished.values())
+        # n internal requests, one group; completion i draws with seed + i.
+        seeds = sorted(stack.engine.params_seen[rid].seed for rid in stack.engine.added)
+        assert seeds == [7, 8, 9]
+        await until(lambda: idle(stack))
+
+    run(demo_path, body)
+
+
+def test_n_cancel_aborts_every_completion(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        call = stub.Generate(request([5], max_new_tokens=500, n=4))
+        async for response in call:
+            if response.HasField("delta"):
+                break
+        call.cancel()
+        await until(lambda: len(stack.engine.aborted) == 4)
+        assert set(stack.engine.aborted) == set(stack.engine.added)
+        await until(lambda: idle(stack))
+
+    run(demo_path, body, step_delay_s=0.01)
+
+
+def test_n_public_abort_finishes_each_completion_aborted(demo_path: str) -> None:
+    async def body(stack: InProcess, stub: Any) -> None:
+        call = stub.Generate(request([5], max_new_tokens=500, n=2, request_id="two"))
+        responses = []
+        async for response in call:
+            responses.append(response)
+            if response.HasField("delta") and len(responses) == 2:
+                assert (await stub.Abort(pb.AbortRequest(request_ids=["two"]))).aborted == 1
+        ends = [(r.index, r.finished.finish_reason) for r in responses if r.HasField("finished")]
+        assert sorted(ends) == [(0, pb.FINISH_REASON_ABORTED), (1, pb.FINISH_REASON_ABORTED)]
+        await until(lambda: len(stack.engine.aborted) == 2)
+        await until(lambda: idle(stack))
+
+    run(demo_path, body, step_delay_s=0.01)

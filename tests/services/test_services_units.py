@@ -3,6 +3,7 @@ jobs."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -118,6 +119,52 @@ def test_loop_queue_limit_rejects_resource_exhausted() -> None:
     lp.stop(5)
     (rejection,) = sink.acks[0].rejected
     assert rejection.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_loop_group_is_added_whole_or_refused_whole() -> None:
+    """The n completions of a request (one group) never half-admit: a group that does not fit the
+    queue takes its added members back out, and each member hears the same status."""
+    engine, sink = FakeEngine(step_delay_s=0.05), Sink()
+    engine.stats = lambda: {"waiting_requests": len(engine.reqs), "running_requests": 0}  # type: ignore[method-assign]
+    lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False, max_waiting_requests=2))
+    lp.start()
+    group = [dataclasses.replace(new(f"g{i}", 50), group="g") for i in range(3)]
+    lp.submit(Submission("gw", group))
+    wait_for(lambda: sink.acks)
+    assert sink.acks[0].accepted == []
+    assert [(r.rid, r.code) for r in sink.acks[0].rejected] == [
+        (f"g{i}", grpc.StatusCode.RESOURCE_EXHAUSTED) for i in range(3)]
+    assert engine.added == ["g0", "g1"] and sorted(engine.aborted) == ["g0", "g1"]
+    assert not engine.reqs and lp.live_requests == 0
+    assert all(not step.setups for step in sink.steps)  # the detokenizer never heard of them
+    # Two fit: the whole group runs. Ungrouped, three requests would half-admit instead.
+    lp.submit(Submission("gw", [dataclasses.replace(new(f"h{i}", 2), group="h") for i in range(2)]))
+    wait_for(lambda: len(sink.acks) == 2)
+    assert sink.acks[1].accepted == ["h0", "h1"] and not sink.acks[1].rejected
+    wait_for(lambda: not engine.reqs)
+    lp.submit(Submission("gw", [new(f"u{i}", 50) for i in range(3)]))
+    wait_for(lambda: len(sink.acks) == 3)
+    assert sink.acks[2].accepted == ["u0", "u1"] and [r.rid for r in sink.acks[2].rejected] == ["u2"]
+    lp.stop(5)
+
+
+def test_scheduler_refuses_a_group_whole_when_one_member_is_refused() -> None:
+    from radixserve.internal.scheduler.v1 import scheduler_pb2 as pb
+    from radixserve.services.gateway import convert as gateway_convert
+    from radixserve.services.scheduler import convert
+    from radixserve.services.scheduler.server import _rejection, _without_refused_groups
+
+    params = SamplingParams(max_new_tokens=4)
+    msg = pb.SubmitRequest(requests=[
+        gateway_convert.new_request_to_pb(rid, [5], params, True, group)
+        for rid, group in (("a0", "a"), ("a1", "a"), ("b0", "b"), ("c", ""))
+    ])
+    taken = [convert.new_request_from_pb(m) for m in msg.requests if m.request_id != "a0"]
+    rejected = [_rejection("a0", grpc.StatusCode.INVALID_ARGUMENT, "bad temperature")]
+    kept = _without_refused_groups(msg, taken, rejected)
+    assert [r.rid for r in kept] == ["b0", "c"]
+    assert [(r.request_id, r.status.message) for r in rejected] == [
+        ("a0", "bad temperature"), ("a1", "bad temperature")]
 
 
 def test_loop_engine_crash_is_fatal() -> None:

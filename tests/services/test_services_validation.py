@@ -79,6 +79,7 @@ SAMPLING_ROWS = [
     ("presence_penalty", -2.5), ("presence_penalty", 2.5),
     ("max_new_tokens", 0),
     ("top_logprobs", 21),
+    ("n", 0), ("n", 65), ("n", 10**6),
 ]
 
 

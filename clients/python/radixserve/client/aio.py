@@ -97,7 +97,7 @@ class AsyncClient:
         timeout: float | None = None,
         **options: Unpack[GenerateOptions],
     ) -> GenerationResult:
-        builder = wire.ResultBuilder()
+        builder = wire.ResultBuilder(options.get("n"))
         stream = self.generate(
             prompt, token_ids=token_ids, messages=messages, timeout=timeout, **options
         )

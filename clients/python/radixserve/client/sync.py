@@ -99,7 +99,7 @@ class Client:
         **options: Unpack[GenerateOptions],
     ) -> GenerationResult:
         """Run one generation to the end and return its text, tokens, finish reason and usage."""
-        builder = wire.ResultBuilder()
+        builder = wire.ResultBuilder(options.get("n"))
         stream = self.generate(
             prompt, token_ids=token_ids, messages=messages, timeout=timeout, **options
         )

@@ -67,6 +67,7 @@ class Delta:
     text: str  # may be empty while a multi-byte character is still incomplete
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token when asked for
     request_id: str = ""
+    index: int = 0  # which of the request's n completions
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Finished:
     usage: Usage
     timings: Timings
     request_id: str = ""
+    index: int = 0  # which of the request's n completions; the stream ends after all n
 
 
 Event = Started | Delta | Finished
@@ -137,6 +139,7 @@ class GenerateOptions(TypedDict, total=False):
     repetition_penalty: float | None
     frequency_penalty: float | None
     presence_penalty: float | None
+    n: int | None  # completions from one prompt (events carry .index); generate() only
     max_new_tokens: int | None
     min_new_tokens: int | None
     stop: str | Sequence[str] | None

@@ -35,6 +35,7 @@ _SAMPLING_FIELDS = (
     "repetition_penalty",
     "frequency_penalty",
     "presence_penalty",
+    "n",
 )
 _OPTION_NAMES = frozenset(GenerateOptions.__annotations__)
 _FINISH_PREFIX = "FINISH_REASON_"
@@ -122,7 +123,7 @@ def event(resp: pb.GenerateResponse) -> Event | None:
         return Started(rid, s.prompt_tokens, list(s.prompt_token_ids))
     if kind == "delta":
         d = resp.delta
-        return Delta(list(d.token_ids), d.text, _logprobs(d.logprobs), rid)
+        return Delta(list(d.token_ids), d.text, _logprobs(d.logprobs), rid, resp.index)
     if kind == "finished":
         f = resp.finished
         which = f.WhichOneof("matched_stop")
@@ -134,6 +135,7 @@ def event(resp: pb.GenerateResponse) -> Event | None:
             Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
             Timings(t.queue_seconds, t.time_to_first_token_seconds, t.total_seconds),
             rid,
+            resp.index,
         )
     return None
 
@@ -141,7 +143,10 @@ def event(resp: pb.GenerateResponse) -> Event | None:
 class ResultBuilder:
     """Folds a stream of events into one GenerationResult (shared by sync and async clients)."""
 
-    def __init__(self) -> None:
+    def __init__(self, n: int | None = None) -> None:
+        if n is not None and n != 1:
+            raise ValueError("generate_text makes one completion; for n > 1 iterate generate(), "
+                             "whose Delta and Finished events carry .index")
         self.request_id = ""
         self.texts: list[str] = []
         self.token_ids: list[int] = []

@@ -72,7 +72,8 @@ class GenerateServiceServicer:
     """
 
     def Generate(self, request, context):
-        """Generate streams one Started event, Deltas as tokens are made, then one Finished event.
+        """Generate streams one Started event, Deltas as tokens are made, then one Finished event (one
+        per completion when sampling.n > 1, each event tagged with its completion's index).
         Errors end the stream with a status: INVALID_ARGUMENT for bad input, RESOURCE_EXHAUSTED when
         the queue is full, UNAVAILABLE while starting, draining or when a backend service is down.
         """
