@@ -136,7 +136,8 @@ class Frontend(SchedulerEvents):
         self._by_public: dict[str, RequestHandle] = {}
         self.draining = False
         self._held = 0  # requests the scheduler holds for this gateway (submitted, not ended)
-        self._full: tuple[int, float] | None = None  # (held, when) at the last queue-full answer
+        # (held, when, n) at the last queue-full answer, for a call of n completions.
+        self._full: tuple[int, float, int] | None = None
 
     @property
     def live_requests(self) -> int:
@@ -160,10 +161,12 @@ class Frontend(SchedulerEvents):
             # ending can make room (slots, queue and pages are freed by finishes and aborts), so
             # until then refuse here, without a round trip (RELIABILITY "Overload": <= 10 ms).
             # The hint expires with the retry-after time, for gateways that share a scheduler.
-            held, when = self._full
-            if self._held >= held and time.monotonic() - when < RETRY_AFTER_MS / 1000:
+            # A call of fewer completions than the refused one may still fit.
+            held, when, n = self._full
+            if self._held < held or time.monotonic() - when >= RETRY_AFTER_MS / 1000:
+                self._full = None
+            elif spec.n >= n:
                 raise overloaded("queue full")
-            self._full = None
         public_id = spec.request_id or uuid.uuid4().hex
         if public_id in self._by_public:
             raise invalid_argument(f"request_id {public_id!r} is already running")
@@ -261,7 +264,7 @@ class Frontend(SchedulerEvents):
             item = ready.pop(0)
             if isinstance(item, Failure):
                 if item.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    self._full = (self._held - n, time.monotonic())  # not counting this one
+                    self._full = (self._held - n, time.monotonic(), n)  # not counting this one
                     raise overloaded(item.message)
                 raise ServiceError(item.code, item.message)
             if started_at is None:

@@ -330,3 +330,20 @@ def test_request_bigger_than_the_kv_pool_is_refused_at_admission(locked: tuple[S
         done = list(stub.Generate(request([5, 6], max_new_tokens=4, ignore_eos=True),
                                   metadata=GOOD, timeout=30))
         assert done[-1].finished.usage.completion_tokens == 4
+
+
+def test_n_completions_are_admitted_whole_or_refused_whole(locked: tuple[Stack, grpc.Channel]) -> None:
+    """RELIABILITY 16 with n > 1: one slot and one queue place take 2 completions, not 3; a
+    refused group reserves nothing, and a smaller call right after it is not refused."""
+    _, channel = locked
+    stub = pb_grpc.GenerateServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Generate(request([5, 6], max_new_tokens=4, ignore_eos=True, n=3),
+                           metadata=GOOD, timeout=30))
+    assert err.value.code() == EXHAUSTED, err.value.details()
+    _wait_idle(stub)  # nothing of the refused group runs, waits or holds pages
+    two = list(stub.Generate(request([5, 6], max_new_tokens=4, ignore_eos=True, n=2),
+                             metadata=GOOD, timeout=30))
+    ends = sorted((r.index, r.finished.usage.completion_tokens) for r in two if r.HasField("finished"))
+    assert ends == [(0, 4), (1, 4)]
+    _wait_idle(stub)
