@@ -100,7 +100,11 @@ class EngineCore:
         self.cached_tokens_total = 0
 
     # -- requests -------------------------------------------------------------------------------
-    def add_request(self, rid: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+    def add_request(self, rid: str, prompt_ids: Sequence[int], params: SamplingParams,
+                    after: str | None = None) -> None:
+        """Queue a request. `after` names a running request with the same prompt (the first of n
+        completions): this one is admitted once that one's prompt KV is in the prefix cache and
+        reuses it instead of computing it again."""
         info = self.model_info
         if rid in self._reqs:
             raise InvalidRequestError(f"request id {rid!r} is already running")
@@ -122,6 +126,7 @@ class EngineCore:
                 f"pool has {self.engine.num_pages}; lower max_new_tokens or the prompt length")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         req = Req(rid, list(prompt_ids), params, max_new, seed)
+        req.after = self._reqs.get(after) if after is not None else None
         self._reqs[rid] = req
         self.scheduler.waiting.append(req)
 

@@ -52,6 +52,9 @@ class Req:
     finish_reason: FinishReason | None = None
     matched_stop_token: int | None = None
     fill_len: int = 0  # set at each admission
+    # Admitted only once this request's full prompt pages are in the prefix cache (Scheduler.ready):
+    # the n completions of one prompt then compute its KV once.
+    after: Req | None = None
     prompt_array: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -98,16 +98,26 @@ class Scheduler:
                 budget -= self._prefill_chunk(req, batch, budget)
         while budget > 0 and self.waiting and self.table.num_free_slots > 0 and not self._retracted_this_step:
             req = self._next_waiting()
-            if not self._admit(req):
+            if req is None or not self._admit(req):
                 break
             budget -= self._prefill_chunk(req, batch, budget)
         return batch if len(batch) else None
 
-    def _next_waiting(self) -> Req:
+    def _next_waiting(self) -> Req | None:
         if self.config.schedule_policy == "fcfs":
-            return self.waiting[0]
-        window = list(self.waiting)[:LPM_WINDOW]
-        return max(window, key=lambda r: self.cache.match(r.known_ids()[:-1]).length)
+            return next((r for r in self.waiting if self.ready(r)), None)
+        window = [r for r in list(self.waiting)[:LPM_WINDOW] if self.ready(r)]
+        return max(window, key=lambda r: self.cache.match(r.known_ids()[:-1]).length, default=None)
+
+    def ready(self, req: Req) -> bool:
+        """Whether `req` may be admitted: one that follows another (`Req.after`) waits until the
+        other's full prompt pages are published to the prefix cache (the step after its prefill
+        launched), then matches them. Without a sharing cache there is nothing to wait for."""
+        lead = req.after
+        if lead is None or lead.finished or not self.cache.shares:
+            return True
+        P = self.page_size
+        return lead.status is ReqStatus.RUNNING and lead.cache_len >= lead.prompt_len // P * P
 
     def _admit(self, req: Req) -> bool:
         ids = req.known_ids()  # the prompt, plus the outputs of a retracted request

@@ -32,7 +32,8 @@ class EngineLike(Protocol):
 
     model_info: Any
 
-    def add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> None: ...
+    def add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams,
+                    after: str | None = None) -> None: ...
     def abort(self, rid: str) -> bool: ...
     def step(self) -> list[Any]: ...
     def has_work(self) -> bool: ...
@@ -271,7 +272,9 @@ class EngineLoop:
             try:
                 if limit is not None and self._queued(engine.stats()) >= limit:
                     raise _QueueFull(f"queue full ({limit} waiting requests)")
-                engine.add_request(req.rid, list(req.prompt_ids), req.params)
+                # Later members share the first one's prompt KV instead of computing it again.
+                after = group[0].rid if added else None
+                engine.add_request(req.rid, list(req.prompt_ids), req.params, after)
             except (_QueueFull, InvalidRequestError) as exc:
                 for taken in added:  # never announced: nothing but the engine holds them
                     engine.abort(taken.rid)

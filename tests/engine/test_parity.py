@@ -103,3 +103,28 @@ def test_logprobs_match_transformers(kind, ckpt, make_llm):
         for token, value in lp.top:
             assert abs(value - ref[i, token].item()) < 2e-3
         assert [t for t, _ in lp.top] == ref[i].topk(5).indices.tolist()
+
+
+def test_completions_of_one_prompt_compute_its_kv_once(ckpt, make_llm):
+    """Requests that follow the first of n completions (`after`) wait one step for its prompt
+    pages to reach the radix cache, then reuse them: same tokens, the prompt computed once."""
+    prompt = list(range(3, 43))  # 40 tokens: two full pages of 16, then 8
+    params = [SamplingParams(temperature=1.0, seed=s, max_new_tokens=8, ignore_eos=True) for s in (1, 2, 3)]
+
+    def run(follow: bool) -> tuple[list[list[int]], int, list[int]]:
+        core = make_llm(ckpt("qwen3"), page_size=16).core
+        for i, p in enumerate(params):
+            core.add_request(f"r{i}", prompt, p, after="r0" if follow and i else None)
+        out: dict[str, list[int]] = {f"r{i}": [] for i in range(3)}
+        running = []
+        while core.has_work():
+            for o in core.step():
+                out[o.rid] += o.token_ids
+            running.append(core.stats()["running_requests"])
+        return [out[f"r{i}"] for i in range(3)], core.stats()["cached_tokens_total"], running
+
+    alone, alone_cached, alone_running = run(follow=False)
+    shared, shared_cached, shared_running = run(follow=True)
+    assert shared == alone and all(len(t) == 8 for t in shared)
+    assert alone_cached == 0 and alone_running[0] == 3  # side by side: each computes the prompt
+    assert shared_cached == 2 * 32 and shared_running[0] == 1  # the followers matched both pages

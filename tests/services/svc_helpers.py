@@ -54,7 +54,8 @@ class FakeEngine:
             max_context=self.max_context, eos_token_ids=(0,), dtype="float32",
         )
 
-    def add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams,
+                    after: str | None = None) -> None:
         if rid in self.reqs:
             raise InvalidRequestError(f"duplicate {rid}")
         if self.reject_token is not None and self.reject_token in prompt_ids:
