@@ -40,12 +40,13 @@ class BenchConfig:
     request_rate: float  # requests per second; inf sends all at once
     temperature: float
     seed: int
+    n: int = 1  # completions per request (sampling.n); tokens and ITLs count every completion
 
     def __post_init__(self) -> None:
         if not self.concurrencies or min(self.concurrencies) < 1:
             raise ValueError("concurrency levels must be >= 1")
-        if self.num_prompts < 1 or self.input_len < 1 or self.output_len < 1:
-            raise ValueError("num-prompts, input-len and output-len must be >= 1")
+        if min(self.num_prompts, self.input_len, self.output_len, self.n) < 1:
+            raise ValueError("num-prompts, input-len, output-len and n must be >= 1")
         if not 0 <= self.range_ratio < 1 or self.request_rate <= 0:
             raise ValueError("range-ratio must be in [0, 1) and request-rate > 0")
 
@@ -97,13 +98,16 @@ def _workload(cfg: BenchConfig, vocab: int) -> list[tuple[list[int], int]]:
 
 
 async def _one(stub: pb_grpc.GenerateServiceStub, prompt: list[int], max_new: int,
-               temperature: float) -> RequestRecord:
+               temperature: float, n: int = 1) -> RequestRecord:
     req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=prompt))
     req.stopping.max_new_tokens = max_new
     req.stopping.ignore_eos = True
     req.sampling.temperature = temperature
+    if n > 1:
+        req.sampling.n = n
     record = RequestRecord(ok=False)
-    start = last = time.perf_counter()
+    start = time.perf_counter()
+    last: dict[int, float] = {}  # per completion: when its previous token came
     try:
         async for response in stub.Generate(req):
             if not response.HasField("delta") or not response.delta.token_ids:
@@ -111,9 +115,9 @@ async def _one(stub: pb_grpc.GenerateServiceStub, prompt: list[int], max_new: in
             now = time.perf_counter()
             if record.output_tokens == 0:
                 record.ttft_s = now - start
-            else:
-                record.itl_s.append(now - last)
-            last = now
+            if response.index in last:
+                record.itl_s.append(now - last[response.index])
+            last[response.index] = now
             record.output_tokens += len(response.delta.token_ids)
     except grpc.aio.AioRpcError as exc:
         record.error = f"{exc.code().name}: {exc.details()}"
@@ -130,7 +134,7 @@ async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrenc
 
     async def limited(prompt: list[int], max_new: int) -> RequestRecord:
         async with gate:
-            return await _one(stub, prompt, max_new, cfg.temperature)
+            return await _one(stub, prompt, max_new, cfg.temperature, cfg.n)
 
     tasks = []
     began = time.perf_counter()
@@ -272,15 +276,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="Poisson arrivals per second (default inf: a burst)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n", type=int, default=1, help="completions per request (sampling.n)")
     p.add_argument("--offline-baseline", action="store_true",
                    help="after the serving run, run the same requests through the offline engine "
                         "(--model, engine defaults, slots = the largest concurrency) and report the ratio")
     p.add_argument("--json", dest="json_path", help="write the results here")
     args, extra = parse_stack_args(p, argv)
+    if args.n > 1 and args.offline_baseline:
+        p.error("--offline-baseline runs one completion per request: leave --n at 1")
     with stack(args, extra) as (target, _):
         cfg = BenchConfig(target, tuple(int(c) for c in args.concurrency.split(",")),
                           args.num_prompts, args.input_len, args.output_len, args.range_ratio,
-                          args.request_rate, args.temperature, args.seed)
+                          args.request_rate, args.temperature, args.seed, args.n)
         results = asyncio.run(run(cfg))
     print(format_table(results))
     payload: dict[str, Any] = {"config": asdict(cfg), "results": [asdict(r) for r in results]}

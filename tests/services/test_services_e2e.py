@@ -220,6 +220,12 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert [r.completed for r in results] == [6, 6] and not any(r.failed for r in results)
     assert all(r.output_tok_s > 0 and r.ttft_ms["p50"] > 0 for r in results)
     assert "TTFT p50" in bench_serving.format_table(results)
+    # n = 2: every completion's tokens are counted (6 requests x 2 completions x 4 tokens).
+    cfg = bench_serving.BenchConfig(stack.target, (3,), num_prompts=6, input_len=16, output_len=4,
+                                    range_ratio=0.0, request_rate=50.0, temperature=1.0, seed=0, n=2)
+    (two,) = asyncio.run(bench_serving.run(cfg))
+    assert two.completed == 6 and round(two.output_tok_s * two.duration_s) == 48
+    assert two.itl_ms["p50"] > 0
 
 
 def test_internal_services_are_private_and_need_the_secret(stack: Stack) -> None:
