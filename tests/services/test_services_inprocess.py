@@ -273,9 +273,12 @@ def test_n_cancel_aborts_every_completion(demo_path: str) -> None:
         async for response in call:
             if response.HasField("delta"):
                 break
+        cancelled_at = stack.engine.steps
         call.cancel()
         await until(lambda: len(stack.engine.aborted) == 4)
         assert set(stack.engine.aborted) == set(stack.engine.added)
+        # Every completion is freed within two scheduler steps of the client's RST (RELIABILITY 11).
+        assert all(stack.engine.abort_steps[rid] - cancelled_at <= 2 for rid in stack.engine.aborted)
         await until(lambda: idle(stack))
 
     run(demo_path, body, step_delay_s=0.01)
