@@ -53,6 +53,7 @@ const SAMPLING = [
   ['temperature', 'temperature'], ['topP', 'top_p'], ['topK', 'top_k'], ['minP', 'min_p'],
   ['seed', 'seed'], ['repetitionPenalty', 'repetition_penalty'],
   ['frequencyPenalty', 'frequency_penalty'], ['presencePenalty', 'presence_penalty'],
+  ['n', 'n'], // completions of one prompt: their delta and finished events carry `index`
 ];
 const STOPPING = [
   ['maxNewTokens', 'max_new_tokens'], ['minNewTokens', 'min_new_tokens'], ['stop', 'stop'],
@@ -87,13 +88,17 @@ function toEvent(resp) {
   }
   if (resp.event === 'delta') {
     const d = resp.delta;
-    return { type: 'delta', requestId, tokenIds: d.token_ids, text: d.text, logprobs: d.logprobs };
+    return {
+      type: 'delta', requestId, index: resp.index, tokenIds: d.token_ids, text: d.text,
+      logprobs: d.logprobs,
+    };
   }
   if (resp.event === 'finished') {
     const f = resp.finished;
     return {
       type: 'finished',
       requestId,
+      index: resp.index,
       finishReason: String(f.finish_reason).replace(/^FINISH_REASON_/, '').toLowerCase(),
       matchedStop: f.matched_stop ? f[f.matched_stop] : null,
       usage: f.usage,

@@ -99,7 +99,9 @@ const { GenerateClient } = require(process.argv[1]);
   const c = new GenerateClient(process.argv[2]);
   const out = {};
   out.text = await c.generateText('abc', { temperature: 0, topK: 0, seed: 0 });
-  out.tokens = await c.generateText({ tokenIds: [104, 105] }, { maxNewTokens: 3 });
+  out.tokens = await c.generateText({ tokenIds: [104, 105] }, { maxNewTokens: 3, n: 1 });
+  out.indexes = [];
+  for await (const ev of c.generate('ab', { n: 1 })) { if (ev.type !== 'started') out.indexes.push(ev.index); }
   let n = 0;
   for await (const ev of c.generate('long')) { if (ev.type === 'delta' && ++n === 3) break; }
   out.broke = n;
@@ -129,7 +131,7 @@ def test_library(fake: FakeGenerateService, target: str) -> None:
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line, proc.stderr.read() if proc.stderr else ""
-    assert fake.wait_for(3).cancelled.wait(5)
+    assert fake.wait_for(4).cancelled.wait(5)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     out = json.loads(line)
@@ -138,6 +140,8 @@ def test_library(fake: FakeGenerateService, target: str) -> None:
     assert out["tokens"]["text"] == "ech" and out["tokens"]["finishReason"] == "length"
     assert out["tokens"]["tokenIds"] == [101, 99, 104]
     assert out["broke"] == 3
+    assert fake.seen[1].request.sampling.HasField("n") and fake.seen[1].request.sampling.n == 1
+    assert out["indexes"] and set(out["indexes"]) == {0}
     assert out["error"] == {
         "name": "RadixServeError",
         "code": 8,
