@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any
 
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
@@ -27,6 +27,7 @@ from radixserve.services.common.errors import (
     unavailable,
 )
 from radixserve.services.gateway import convert
+from radixserve.services.gateway.inbox import Aborted, Accepted, Item, coalesce, take_all
 from radixserve.services.gateway.links import Links, SchedulerEvents
 from radixserve.services.gateway.metrics import GatewayMetrics
 from radixserve.services.gateway.types import (
@@ -57,47 +58,6 @@ class FrontendConfig:
             raise ValueError(f"invalid gateway limits: {self}")
 
 
-class _Accepted:
-    pass
-
-
-class _Aborted:
-    pass
-
-
-_Item: TypeAlias = _Accepted | _Aborted | Failure | detok_pb.RequestDelta
-
-
-async def _take_all(inbox: asyncio.Queue[_Item]) -> list[_Item]:
-    """Wait for one item, then take whatever else is already queued."""
-    items = [await inbox.get()]
-    while not inbox.empty():
-        items.append(inbox.get_nowait())
-    return items
-
-
-def coalesce(items: list[_Item]) -> list[_Item]:
-    """Joins each run of consecutive deltas into one (tokens, text and logprobs in order; a finish
-    ends the run). A stream whose writes fell behind the engine then sends one message for the
-    tokens that piled up instead of one per token, so a busy gateway catches up by itself."""
-    out: list[_Item] = []
-    for item in items:
-        last = out[-1] if out else None
-        if (isinstance(item, detok_pb.RequestDelta) and isinstance(last, detok_pb.RequestDelta)
-                and item.request_id == last.request_id and not last.HasField("finish")):
-            merged = detok_pb.RequestDelta()
-            merged.CopyFrom(last)
-            merged.token_ids.extend(item.token_ids)
-            merged.text = last.text + item.text
-            merged.logprobs.extend(item.logprobs)
-            if item.HasField("finish"):
-                merged.finish.CopyFrom(item.finish)
-            out[-1] = merged
-        else:
-            out.append(item)
-    return out
-
-
 @dataclass
 class RequestHandle:
     """One Generate call: `spec.n` completions, each an internal request of its own (`rids[i]`
@@ -107,7 +67,7 @@ class RequestHandle:
     rids: tuple[str, ...]
     spec: GenerateSpec
     t0: float = field(default_factory=time.monotonic)
-    inbox: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
+    inbox: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
     submitted: bool = False
     finished: bool = False  # the scheduler holds nothing more for it (all done, or refused)
     aborted: bool = False  # by the Abort RPC; may come before submission (while tokenizing)
@@ -257,10 +217,10 @@ class Frontend(SchedulerEvents):
         started_at: float | None = None
         first_token_at: float | None = None
         completion = [0] * n
-        ready: list[_Item] = []
+        ready: list[Item] = []
         while True:
             if not ready:
-                ready = coalesce(await _take_all(handle.inbox))
+                ready = coalesce(await take_all(handle.inbox))
             item = ready.pop(0)
             if isinstance(item, Failure):
                 if item.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -271,9 +231,9 @@ class Frontend(SchedulerEvents):
                 started_at = time.monotonic()
                 echo = prompt_ids if handle.spec.return_prompt_info else []
                 yield Started(len(prompt_ids), echo)
-            if isinstance(item, _Accepted):
+            if isinstance(item, Accepted):
                 continue
-            if isinstance(item, _Aborted):
+            if isinstance(item, Aborted):
                 handle.finished = True
                 for i in range(n):
                     if i not in handle.done:
@@ -325,7 +285,7 @@ class Frontend(SchedulerEvents):
                 continue
             aborted += 1
             handle.aborted = True
-            handle.inbox.put_nowait(_Aborted())
+            handle.inbox.put_nowait(Aborted())
             if handle.submitted:
                 for rid in handle.rids:
                     self._links.abort(rid)
@@ -370,7 +330,7 @@ class Frontend(SchedulerEvents):
     def on_accepted(self, rid: str) -> None:
         handle = self._by_rid.get(rid)
         if handle is not None:
-            handle.inbox.put_nowait(_Accepted())
+            handle.inbox.put_nowait(Accepted())
 
     def on_rejected(self, rid: str, code: grpc.StatusCode, message: str) -> None:
         handle = self._by_rid.get(rid)

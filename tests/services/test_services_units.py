@@ -336,7 +336,7 @@ def test_gateway_joins_the_deltas_a_slow_stream_left_queued() -> None:
     """Deltas that piled up while a stream's writes lagged go out as one message, in order, with
     nothing lost; a non-delta item (an abort, a failure) is never merged or reordered."""
     from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
-    from radixserve.services.gateway.frontend import _Aborted, coalesce
+    from radixserve.services.gateway.inbox import Aborted, coalesce
 
     def delta(ids: list[int], text: str, finish: bool = False) -> Any:
         d = detok_pb.RequestDelta(request_id="r", token_ids=ids, text=text,
@@ -345,7 +345,7 @@ def test_gateway_joins_the_deltas_a_slow_stream_left_queued() -> None:
             d.finish.completion_tokens = 5
         return d
 
-    aborted = _Aborted()
+    aborted = Aborted()
     out = coalesce([delta([1], "a"), delta([2, 3], "bc"), aborted, delta([4], "d"),
                     delta([5], "é", finish=True), delta([6], "x")])
     assert len(out) == 4 and out[1] is aborted
