@@ -150,6 +150,10 @@ class GenerateClient {
 
   // Runs one generation to the end: { text, tokenIds, finishReason, matchedStop, usage, timings, requestId }.
   async generateText(prompt, opts = {}) {
+    if (opts.n !== undefined && opts.n !== null && opts.n !== 1) {
+      throw new RangeError('generateText makes one completion; for n > 1 iterate generate(), '
+        + 'whose delta and finished events carry index');
+    }
     const out = { text: '', tokenIds: [], requestId: '' };
     let finished = null;
     for await (const ev of this.generate(prompt, opts)) {

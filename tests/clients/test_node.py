@@ -100,6 +100,7 @@ const { GenerateClient } = require(process.argv[1]);
   const out = {};
   out.text = await c.generateText('abc', { temperature: 0, topK: 0, seed: 0 });
   out.tokens = await c.generateText({ tokenIds: [104, 105] }, { maxNewTokens: 3, n: 1 });
+  try { await c.generateText('ab', { n: 2 }); } catch (err) { out.refusedN = err.name; }
   out.indexes = [];
   for await (const ev of c.generate('ab', { n: 1 })) { if (ev.type !== 'started') out.indexes.push(ev.index); }
   let n = 0;
@@ -142,6 +143,7 @@ def test_library(fake: FakeGenerateService, target: str) -> None:
     assert out["broke"] == 3
     assert fake.seen[1].request.sampling.HasField("n") and fake.seen[1].request.sampling.n == 1
     assert out["indexes"] and set(out["indexes"]) == {0}
+    assert out["refusedN"] == "RangeError"
     assert out["error"] == {
         "name": "RadixServeError",
         "code": 8,
