@@ -8,7 +8,7 @@ of its completions. A handler that falls behind takes the whole backlog and coal
 from __future__ import annotations
 
 import asyncio
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
 from radixserve.services.gateway.types import Failure
@@ -23,13 +23,15 @@ class Aborted:
 
 
 Item: TypeAlias = Accepted | Aborted | Failure | detok_pb.RequestDelta
+T = TypeVar("T")
 
 
-async def take_all(inbox: asyncio.Queue[Item]) -> list[Item]:
-    """Wait for one item, then take whatever else is already queued."""
-    items = [await inbox.get()]
-    while not inbox.empty():
-        items.append(inbox.get_nowait())
+async def take_all(queue: asyncio.Queue[T]) -> list[T]:
+    """Wait for one item, then take whatever else is already queued (a call's inbox, a link's
+    outbox)."""
+    items = [await queue.get()]
+    while not queue.empty():
+        items.append(queue.get_nowait())
     return items
 
 

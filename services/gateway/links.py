@@ -24,6 +24,7 @@ from radixserve.internal.tokenizer.v1 import tokenizer_pb2_grpc as tok_grpc
 from radixserve.services.common import rpc
 from radixserve.services.common.errors import ServiceError, code_from_number, unavailable
 from radixserve.services.gateway import convert
+from radixserve.services.gateway.inbox import take_all
 from radixserve.services.gateway.types import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -40,10 +41,7 @@ class _Outbox(Generic[T]):
         self._queue.put_nowait(item)
 
     async def take_batch(self) -> list[T]:
-        batch = [await self._queue.get()]
-        while not self._queue.empty():
-            batch.append(self._queue.get_nowait())
-        return batch
+        return await take_all(self._queue)
 
     def clear(self) -> None:
         while not self._queue.empty():
