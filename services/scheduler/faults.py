@@ -53,23 +53,25 @@ class _Faulty:
     def __init__(self, engine: Any, kind: str, when: int | str) -> None:
         self._engine = engine
         self._kind = kind
-        self._trigger = when if isinstance(when, str) else None
-        self._left = when if isinstance(when, int) else 1
+        self._when = when
+        self._steps = 0  # steps run so far
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
+    def _armed(self) -> bool:
+        if isinstance(self._when, str):
+            return os.path.exists(self._when)
+        return self._steps >= self._when
+
     def step(self) -> list[Any]:
-        if self._trigger is not None and os.path.exists(self._trigger):
-            self._left = 0
-        if self._left <= 0:
+        if self._armed():
             if self._kind == "raise":
                 raise InjectedFault("injected engine step failure")
             if self._kind == "gil":
                 hold_gil_forever()
             threading.Event().wait()  # hang: nothing ever sets it
-        if self._trigger is None:
-            self._left -= 1
+        self._steps += 1
         return self._engine.step()
 
 
