@@ -42,6 +42,14 @@ POLL_S = 0.1
 STOP_GRACE_S = 10.0  # after a child's own drain, how long before SIGKILL
 PROBE_INTERVAL_S = 1.0  # liveness probes per child: at most one in flight, one a second
 STACK_DUMP_S = 0.5  # between SIGUSR1 (stack dump) and SIGKILL of a hung child
+# Probes of a child that is not listening yet: grpc's default reconnect backoff grows to 120 s, so
+# a child that took 30 s to start was first answered 15 s later, and its liveness (which counts
+# from that first answer) watched nothing in between. Retry at least once a second instead.
+PROBE_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,7 @@ class Supervisor:
     def _wait_ready(self, children: list[Child], liveness: Liveness | None) -> bool:
         deadline = time.monotonic() + self._config.startup_timeout_s
         for child in children:
-            with grpc.insecure_channel(child.address) as channel:
+            with _probe_channel(child.address) as channel:
                 stub = health_pb2_grpc.HealthStub(channel)
                 while not _serving(stub):
                     self._kill_if_silent(liveness)
@@ -210,7 +218,7 @@ class Liveness:
     def __init__(self, children: list[Child], timeout_s: float) -> None:
         self._timeout_s = timeout_s
         self._interval_s = min(PROBE_INTERVAL_S, timeout_s / 4)
-        self._channels = {c.name: grpc.insecure_channel(c.address) for c in children}
+        self._channels = {c.name: _probe_channel(c.address) for c in children}
         self._stubs = {n: health_pb2_grpc.HealthStub(ch) for n, ch in self._channels.items()}
         now = time.monotonic()
         # Silence counts from a child's first answer: before it, the child is still starting
@@ -244,6 +252,10 @@ class Liveness:
             pending.cancel()
         for channel in self._channels.values():
             channel.close()
+
+
+def _probe_channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=PROBE_CHANNEL_OPTIONS)
 
 
 def _serving(stub: health_pb2_grpc.HealthStub) -> bool:

@@ -392,3 +392,32 @@ def test_liveness_judges_silence_from_the_first_answer() -> None:
     finally:
         liveness.close()
         server.stop(0)
+
+
+def test_liveness_hears_a_slow_starter_within_two_seconds(tmp_path: Any) -> None:
+    """A child that listens 12 s after spawn is answered within ~2 s of it, not after grpc's
+    default reconnect backoff (which grows towards 120 s); until then a hang would go unseen."""
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2_grpc
+    from radixserve.services.supervisor import Child, Liveness
+
+    sock = tmp_path / "child.sock"
+    liveness = Liveness([Child("slow", [], f"unix:{sock}")], timeout_s=3.0)
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    try:
+        deadline = time.monotonic() + 12.0
+        while time.monotonic() < deadline:
+            assert liveness.silent() is None  # not listening yet: starting, not hung
+            time.sleep(0.05)
+        server.add_insecure_port(f"unix:{sock}")
+        server.start()
+        up = time.monotonic()
+        while liveness._answered["slow"] is None:
+            assert time.monotonic() - up < 2.5, "the first answer came too late"
+            liveness.silent()
+            time.sleep(0.05)
+    finally:
+        liveness.close()
+        server.stop(0)
