@@ -17,7 +17,7 @@ import torch
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.distributed.launch import TPLeader, building
-from radixserve.engine.engine import Engine, ForwardOutput
+from radixserve.engine.model_runner import ForwardOutput, ModelRunner
 from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.models.config import ModelArgs
@@ -87,12 +87,12 @@ class EngineCore:
         # With tp_size > 1 this process is rank 0: it spawns the others and broadcasts every step.
         self.tp = TPLeader(config, self.args, device) if config.tp_size > 1 else None
         with building(self.tp):
-            self.engine = Engine(config, self.args, self.tp.device if self.tp else device, dtype, eos)
+            self.runner = ModelRunner(config, self.args, self.tp.device if self.tp else device, dtype, eos)
         self.model_info = ModelInfo(folder.name, self.args.architecture, self.args.vocab_size,
-                                    self.engine.max_context, eos, str(dtype).removeprefix("torch."))
-        self.allocator = PageAllocator(self.engine.num_pages)
+                                    self.runner.max_context, eos, str(dtype).removeprefix("torch."))
+        self.allocator = PageAllocator(self.runner.num_pages)
         self.cache = create_prefix_cache(config.cache, config.page_size)
-        self.scheduler = Scheduler(config, self.engine.table, self.allocator, self.cache)
+        self.scheduler = Scheduler(config, self.runner.table, self.allocator, self.cache)
         self._reqs: dict[str, Req] = {}
         self._in_flight: tuple[Batch, ForwardOutput] | None = None
         self._rng = random.Random(config.seed)
@@ -120,15 +120,15 @@ class EngineCore:
         if n + max_new > info.max_context:
             raise InvalidRequestError(f"{n} tokens in prompt, {max_new} requested, limit {info.max_context}")
         need = self.scheduler.lifetime_pages(n, max_new)
-        if need > self.engine.num_pages:
+        if need > self.runner.num_pages:
             raise InvalidRequestError(
                 f"request needs {need} KV pages ({n} prompt + {max_new} new tokens) but the whole "
-                f"pool has {self.engine.num_pages}; lower max_new_tokens or the prompt length")
+                f"pool has {self.runner.num_pages}; lower max_new_tokens or the prompt length")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         req = Req(rid, list(prompt_ids), params, max_new, seed)
         req.after = self._reqs.get(after) if after is not None else None
         self._reqs[rid] = req
-        self.scheduler.waiting.append(req)
+        self.scheduler.add(req)
 
     def abort(self, rid: str) -> bool:
         req = self._reqs.pop(rid, None)
@@ -144,8 +144,8 @@ class EngineCore:
     def step(self) -> list[StepOutput]:
         batch = self.scheduler.schedule()
         if batch is not None and self.tp is not None:
-            self.tp.send_plan(batch, self.engine.table)
-        launched = (batch, self.engine.forward(batch)) if batch is not None else None
+            self.tp.send_plan(batch, self.runner.table)
+        launched = (batch, self.runner.forward(batch)) if batch is not None else None
         if not self.config.overlap:
             return self._process(*launched) if launched else []
         previous, self._in_flight = self._in_flight, launched
@@ -206,7 +206,7 @@ class EngineCore:
         return {
             "running_requests": len(self.scheduler.running),
             "waiting_requests": len(self.scheduler.waiting),
-            "kv_pages_total": self.engine.num_pages,
+            "kv_pages_total": self.runner.num_pages,
             "kv_pages_free": self.allocator.num_free,
             "kv_pages_evictable": sizes.evictable_pages,
             "kv_pages_protected": sizes.protected_pages,
@@ -225,5 +225,5 @@ class EngineCore:
         total = s["kv_pages_free"] + s["kv_pages_evictable"] + s["kv_pages_protected"]
         assert total == s["kv_pages_total"], f"KV pages leaked: {s}"
         assert s["kv_pages_protected"] == 0, f"idle engine still protects pages: {s}"
-        assert self.engine.table.num_free_slots == self.config.max_running_requests, "request slot leaked"
+        assert self.runner.table.num_free_slots == self.config.max_running_requests, "request slot leaked"
         assert not self._reqs, f"requests left behind: {list(self._reqs)[:5]}"

@@ -88,7 +88,7 @@ class CudaGraphRunner:
 
     def replay(self, slots: list[int], layout: StepLayout) -> torch.Tensor:
         """Run a decode step of B rows from its graph; returns (B, V) logits (graph-owned: read them
-        before the next replay). Call on the engine's stream."""
+        before the next replay). Call on the model runner's stream."""
         B = len(slots)
         bs = self.sizes[bisect.bisect_left(self.sizes, B)]
         host = torch.zeros(3, bs, dtype=torch.int64)

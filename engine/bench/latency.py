@@ -33,9 +33,9 @@ def engine_latency(model_dir: Path, batch: int, prompt_len: int, new_tokens: int
         run = drive(core, make(new_tokens))
         gaps = run.itl([rid for rid in run.token_times])
         steady = [g for rid in run.token_times for g in run.itl([rid])[WARMUP_TOKENS:]]
-        return {"system": "radixserve", "batch": batch, "graphs": core.engine.graphs is not None,
+        return {"system": "radixserve", "batch": batch, "graphs": core.runner.graphs is not None,
                 "overlap": core.config.overlap, "ms_per_token": 1e3 * median(steady or gaps),
-                "backend": type(core.engine.backend).__name__}
+                "backend": type(core.runner.backend).__name__}
     finally:
         release(core)
 

@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> None:
                              llm.core.model_info.vocab_size, args.seed)
     rows = [{"system": "radixserve", **run_engine(llm, requests, args.temperature)}]
     if args.hf_requests:
-        device = str(llm.core.engine.device)
-        hf = run_transformers(path, requests[: args.hf_requests], device, llm.core.engine.dtype, args.temperature)
+        device = str(llm.core.runner.device)
+        hf = run_transformers(path, requests[: args.hf_requests], device, llm.core.runner.dtype, args.temperature)
         rows.append({"system": "transformers.generate (one by one)", **hf})
         rows[0]["vs_transformers"] = rows[0]["output_tok_s"] / hf["output_tok_s"]
     title = f"offline throughput: {args.model} on {device_name(args.device)} ({llm.core.model_info.dtype})"

@@ -36,7 +36,7 @@ def run_one(model_dir: Path, requests: list[tuple[list[int], SamplingParams]], c
     core = build_core(model_dir, cache=cache, **config)
     try:
         drive(core, requests[:2], prefix="w")  # warm-up (its prefix is not reused: other ids)
-        core.allocator.free(core.cache.evict(core.engine.num_pages))  # start cold
+        core.allocator.free(core.cache.evict(core.runner.num_pages))  # start cold
         run = drive(core, requests)
         prompt = sum(len(p) for p, _ in requests)
         return {"cache": cache, "requests": len(requests), "wall_s": run.wall_s,

@@ -39,7 +39,7 @@ def run_policy(path: str, admission: str, requests: list[tuple[list[int], int]],
         running.append(len(core.scheduler.running))
     seconds = time.perf_counter() - start
     tokens = sum(len(v) for v in outputs.values())
-    row = {"admission": admission, "num_pages": core.engine.num_pages, "steps": len(running),
+    row = {"admission": admission, "num_pages": core.runner.num_pages, "steps": len(running),
            "mean_running": sum(running) / len(running), "peak_running": max(running),
            "retractions": core.stats()["retractions_total"] - base_retractions,
            "output_tokens": tokens, "seconds": seconds, "output_tok_s": tokens / seconds}

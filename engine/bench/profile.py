@@ -48,7 +48,7 @@ def _timed_steps(core: EngineCore, steps: int) -> dict[str, list[float]]:
         t0 = time.perf_counter()
         batch = core.scheduler.schedule()
         t1 = time.perf_counter()
-        out = core.engine.forward(batch)
+        out = core.runner.forward(batch)
         t2 = time.perf_counter()
         if in_flight is not None:
             in_flight[1].wait()
@@ -66,7 +66,7 @@ def _timed_steps(core: EngineCore, steps: int) -> dict[str, list[float]]:
 
 
 def _on_cuda(core: EngineCore) -> bool:
-    return core.engine.device.type == "cuda"
+    return core.runner.device.type == "cuda"
 
 
 def _activities(cuda: bool) -> list[Any]:
@@ -147,7 +147,7 @@ def _prefill_step(core: EngineCore, cuda: bool) -> dict[str, Any]:
     batch = core.scheduler.schedule()
     assert batch is not None and batch.phase == "prefill", "expected a pure prefill step"
     t1 = time.perf_counter()
-    out = core.engine.forward(batch)
+    out = core.runner.forward(batch)
     t2 = time.perf_counter()
     out.wait()
     _sync(cuda)

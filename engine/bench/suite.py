@@ -42,8 +42,8 @@ def part_offline(path: Path, a: argparse.Namespace, overlap: bool = True) -> lis
         drive(core, reqs[:4], prefix="w")
         run = drive(core, reqs)
         return [{"part": "offline", "overlap": overlap, "output_tokens": run.output_tokens, "wall_s": run.wall_s,
-                 "output_tok_s": run.output_tokens / run.wall_s, "num_pages": core.engine.num_pages,
-                 "graph_mib": core.engine.graph_bytes / 2**20}]
+                 "output_tok_s": run.output_tokens / run.wall_s, "num_pages": core.runner.num_pages,
+                 "graph_mib": core.runner.graph_bytes / 2**20}]
     finally:
         release(core)
 

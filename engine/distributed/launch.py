@@ -140,7 +140,7 @@ class TPLeader:
         return "; ".join(dead) or f"no worker exited, one may be stuck (timeout {self.timeout_s:.0f} s)"
 
     def send_plan(self, batch: Batch, table: TableManager) -> None:
-        """Broadcast the step about to run; call between scheduling and `Engine.forward`."""
+        """Broadcast the step about to run; call between scheduling and `ModelRunner.forward`."""
         self.channel.send(self.encoder.encode(batch, table))
 
     def close(self) -> None:

@@ -3,8 +3,8 @@
 This module is the one seam between the engine and the internal tp/v1 plan contract (as each
 service's convert module is for its contract); nothing else under engine/ imports a *_pb2.
 
-What a follower rebuilds is exactly what `Engine.forward` and sampling read from a batch: per row
-the slot, prefix_len, seq_len and sample flag, and per slot the request's prompt_len, seed and
+What a follower rebuilds is exactly what `ModelRunner.forward` and sampling read from a batch: per
+row the slot, prefix_len, seq_len and sample flag, and per slot the request's prompt_len, seed and
 device-side sampling options. A new read of `Req` state in the engine must be added here too.
 """
 
@@ -56,7 +56,7 @@ class PlanEncoder:
         return plan
 
     def encode(self, batch: Batch, table: TableManager) -> bytes:
-        """Call after scheduling and before `Engine.forward` (which flushes the queued writes)."""
+        """Call after scheduling and before `ModelRunner.forward` (it flushes the queued writes)."""
         plan = self._plan()
         for req in batch.reqs:
             if self._bound.get(req.slot) is not req:

@@ -1,6 +1,6 @@
 """A follower rank of a tensor-parallel engine: `python -m radixserve.engine.distributed.worker`.
 
-Spawned by rank 0 (`launch.TPLeader`). It builds its engine shard, then replays rank 0's step
+Spawned by rank 0 (`launch.TPLeader`). It builds its model-runner shard, then replays rank 0's step
 plans until a shutdown plan arrives, the group fails, or its stdin (a pipe from rank 0) closes.
 """
 
@@ -28,7 +28,7 @@ from radixserve.engine.distributed.torch_comm import (
     TorchDistComm,
     init_process_groups,
 )
-from radixserve.engine.engine import Engine
+from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.models.config import ModelArgs
 
 
@@ -52,11 +52,11 @@ def run(config: EngineConfig, store_host: str, store_port: int) -> None:
     comm = TorchDistComm(groups.tp, rank, tp, device, guard)
     set_comm(comm)
     dtype = resolve_dtype(config.dtype, args.dtype, device)
-    engine = Engine(config, args, device, dtype, read_eos_ids(folder))
+    runner = ModelRunner(config, args, device, dtype, read_eos_ids(folder))
     store.set(f"ready/{rank}", "1")  # what rank 0's constructor waits for
-    channel, decoder = ControlChannel(groups.control, guard), PlanDecoder(engine.table)
+    channel, decoder = ControlChannel(groups.control, guard), PlanDecoder(runner.table)
     while (batch := decoder.decode(channel.recv())) is not None:
-        engine.forward(batch)
+        runner.forward(batch)
     dist.destroy_process_group()
 
 

@@ -46,6 +46,10 @@ class Scheduler:
         self.retractions_total = 0
         self._retracted_this_step = False
 
+    def add(self, req: Req) -> None:
+        """Queue a new request at the back of the waiting queue."""
+        self.waiting.append(req)
+
     # -- accounting -----------------------------------------------------------------------------
     def lifetime_pages(self, prompt_len: int, max_new_tokens: int) -> int:
         return _ceil_div(prompt_len + max_new_tokens, self.page_size)

@@ -102,8 +102,8 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     params = SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS, ignore_eos=True, top_logprobs=TOP)
     outs = llm.generate(prompts, params)
     llm.core.check_integrity()
-    backend = type(llm.core.engine.backend).__name__
-    graphs = llm.core.engine.graphs is not None
+    backend = type(llm.core.runner.backend).__name__
+    graphs = llm.core.runner.graphs is not None
     del llm
     gc.collect()
     torch.cuda.empty_cache()

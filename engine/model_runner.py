@@ -1,4 +1,4 @@
-"""Device work for one step: gather inputs from the device tables, run the model, sample.
+"""ModelRunner: one step's device work: gather inputs from the device tables, run the model, sample.
 
 Nothing here waits for the host: inputs come from the token pool / page table on the device, and
 sampled ids go back into the token pool before an async copy brings them to pinned host memory.
@@ -50,7 +50,7 @@ class ForwardOutput:
             self.ready.synchronize()
 
 
-class Engine:
+class ModelRunner:
     def __init__(self, config: EngineConfig, args: ModelArgs, device: torch.device, dtype: torch.dtype,
                  eos_ids: tuple[int, ...]) -> None:
         self.config, self.args, self.device, self.dtype = config, args, device, dtype
