@@ -1,43 +1,45 @@
-"""Prefix-matching helpers for the radix cache: C++ via cffi, or a pure-Python twin if unbuilt.
+"""The C++ radix tree (radix_tree.py) and the one loader of its compiled cffi module.
 
-first_mismatch(a, b) -> int
-match_children(prompt, offset, keys: PackedKeys) -> MatchResult(child_index, length)
-pack_keys(keys, dtype=np.int32) -> PackedKeys
+Without the build, the engine runs the radix cache's pure-Python twin (engine/kvcache/radix_py.py)
+and importing this package emits one warning.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
-from radixserve.native.prefix import MatchResult, PackedKeys, TokenArray, load, pack_keys
+
+class Native(NamedTuple):
+    ffi: Any
+    lib: Any
+
+
+@functools.cache
+def load() -> Native | None:
+    """The compiled module's `ffi` and `lib`, or None when it was not built."""
+    try:
+        from radixserve.native._prefix import ffi, lib  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    return Native(ffi, lib)
+
 
 NATIVE_AVAILABLE: bool = load() is not None
 
-if NATIVE_AVAILABLE:
-    from radixserve.native.prefix import first_mismatch, match_children
-else:
+if not NATIVE_AVAILABLE:
     warnings.warn(
-        "radixserve.native: C++ prefix helpers not built, using the slow pure-Python fallback; "
-        "build them with `pip install -e .` (or `make install`)",
+        "radixserve.native: C++ radix tree not built, using the slow pure-Python fallback; "
+        "build it with `pip install -e .` (or `make install`)",
         RuntimeWarning,
         stacklevel=2,
     )
-    from radixserve.native.prefix_py import first_mismatch, match_children
 
 
 def backend_name() -> Literal["cpp", "python"]:
-    """Which implementation `first_mismatch` and `match_children` run on."""
+    """Which implementation the radix prefix cache runs on."""
     return "cpp" if NATIVE_AVAILABLE else "python"
 
 
-__all__ = [
-    "NATIVE_AVAILABLE",
-    "MatchResult",
-    "PackedKeys",
-    "TokenArray",
-    "backend_name",
-    "first_mismatch",
-    "match_children",
-    "pack_keys",
-]
+__all__ = ["NATIVE_AVAILABLE", "Native", "backend_name", "load"]

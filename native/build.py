@@ -1,8 +1,8 @@
 """cffi out-of-line API-mode build of `radixserve.native._prefix` (run by setup.py's cffi_modules).
 
-One extension holds both the prefix helpers (prefix.h) and the radix tree (radix_tree.h).
+The extension holds the radix tree (radix_tree.h).
 
-API mode compiles the `cdef` below against prefix.h, so a declaration that drifts from the C++
+API mode compiles the `cdef` below against radix_tree.h, so a declaration that drifts from the C++
 signature is a build error instead of a crash at call time (the cffi docs' reason to prefer it).
 """
 
@@ -18,20 +18,10 @@ _HERE = os.path.relpath(os.path.dirname(os.path.abspath(__file__)))
 
 CDEF = """
 enum RsStatus {
-  RS_OK, RS_ERR_NULL, RS_ERR_LENGTH, RS_ERR_OFFSET, RS_ERR_KEY_OFFSETS, RS_ERR_PAGE_SIZE,
-  RS_ERR_ALIGN, RS_ERR_HANDLE, RS_ERR_UNLOCK, RS_ERR_CAPACITY, RS_ERR_NOMEM, RS_ERR_NUM_PAGES,
+  RS_OK, RS_ERR_NULL, RS_ERR_LENGTH, RS_ERR_PAGE_SIZE, RS_ERR_ALIGN, RS_ERR_HANDLE, RS_ERR_UNLOCK,
+  RS_ERR_CAPACITY, RS_ERR_NOMEM, RS_ERR_NUM_PAGES,
   RS_BROKEN_EDGE, RS_BROKEN_REFS, RS_BROKEN_LINKS, RS_BROKEN_SIZES, RS_BROKEN_NODES, ...
 };
-int rs_first_mismatch_i32(const int32_t* a, int64_t a_len, const int32_t* b, int64_t b_len,
-                          int64_t* out);
-int rs_first_mismatch_i64(const int64_t* a, int64_t a_len, const int64_t* b, int64_t b_len,
-                          int64_t* out);
-int rs_match_children_i32(const int32_t* prompt, int64_t prompt_len, int64_t offset,
-                          const int32_t* keys, int64_t keys_len, const int64_t* key_offsets,
-                          int64_t num_keys, int64_t* out_index, int64_t* out_len);
-int rs_match_children_i64(const int64_t* prompt, int64_t prompt_len, int64_t offset,
-                          const int64_t* keys, int64_t keys_len, const int64_t* key_offsets,
-                          int64_t num_keys, int64_t* out_index, int64_t* out_len);
 const char* rs_strerror(int status);
 
 typedef struct RsRadixTree RsRadixTree;
@@ -53,14 +43,14 @@ int rs_radix_pages(const RsRadixTree* tree, int64_t* out_pages, int64_t out_cap,
 
 # Exceptions stay on: radix_api.cpp catches std::bad_alloc and returns RS_ERR_NOMEM.
 _FLAGS = [] if sys.platform == "win32" else ["-O3", "-std=c++17"]
-_SOURCES = ["prefix.cpp", "radix_tree.cpp", "radix_api.cpp"]
-_HEADERS = ["prefix.h", "compare.h", "radix_tree.h", "radix_tree_impl.h"]
+_SOURCES = ["radix_tree.cpp", "radix_api.cpp"]
+_HEADERS = ["compare.h", "radix_tree.h", "radix_tree_impl.h"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "radixserve.native._prefix",
-    '#include "prefix.h"\n#include "radix_tree.h"',
+    '#include "radix_tree.h"',
     source_extension=".cpp",
     sources=[os.path.join(_HERE, name) for name in _SOURCES],
     include_dirs=[_HERE],

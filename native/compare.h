@@ -1,4 +1,4 @@
-// Token-array compare shared by the prefix helpers and the radix tree (internal, not the C ABI).
+// Token-array compare of the radix tree's edge walk (internal, not the C ABI).
 #ifndef RADIXSERVE_NATIVE_COMPARE_H_
 #define RADIXSERVE_NATIVE_COMPARE_H_
 

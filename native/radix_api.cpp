@@ -1,5 +1,5 @@
 // C shims of radix_tree.h: check every argument before touching the tree, and turn
-// std::bad_alloc into RS_ERR_NOMEM so no exception crosses into Python.
+// std::bad_alloc into RS_ERR_NOMEM so no exception crosses into Python; rs_strerror's texts.
 #include <new>
 
 #include "radix_tree.h"
@@ -112,6 +112,27 @@ int rs_radix_pages(const RsRadixTree* tree, int64_t* out_pages, int64_t out_cap,
     *out_len = tree->tree.pages(out_pages);
     return RS_OK;
   });
+}
+
+const char* rs_strerror(int status) {
+  switch (status) {
+    case RS_OK: return "ok";
+    case RS_ERR_NULL: return "NULL pointer for a non-empty buffer or an output";
+    case RS_ERR_LENGTH: return "negative length or buffer capacity";
+    case RS_ERR_PAGE_SIZE: return "page size must be at least 1";
+    case RS_ERR_ALIGN: return "length must be a multiple of the page size";
+    case RS_ERR_HANDLE: return "handle names no live node (stale: evicted since the match)";
+    case RS_ERR_UNLOCK: return "unlock without a matching lock";
+    case RS_ERR_CAPACITY: return "output buffer too small";
+    case RS_ERR_NOMEM: return "out of memory";
+    case RS_ERR_NUM_PAGES: return "num_pages must be >= 0";
+    case RS_BROKEN_EDGE: return "broken edge: empty, unaligned, or keys/locations lengths differ";
+    case RS_BROKEN_REFS: return "broken lock counts: negative, or children above their parent";
+    case RS_BROKEN_LINKS: return "broken links: parent/child, sibling first pages or child index";
+    case RS_BROKEN_SIZES: return "cache sizes drifted from the tree";
+    case RS_BROKEN_NODES: return "live node count differs from the nodes reachable from the root";
+    default: return "unknown status";
+  }
 }
 
 }  // extern "C"

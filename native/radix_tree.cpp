@@ -16,7 +16,7 @@
 #include <utility>
 
 #include "compare.h"
-#include "prefix.h"
+#include "radix_tree.h"
 #include "radix_tree_impl.h"
 
 namespace radixserve {

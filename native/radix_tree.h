@@ -14,11 +14,31 @@
 
 #include <stdint.h>
 
-#include "prefix.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+enum RsStatus {
+  RS_OK = 0,
+  RS_ERR_NULL = 1,         // a NULL pointer where data or an out-pointer is required
+  RS_ERR_LENGTH = 2,       // a negative length or buffer capacity
+  RS_ERR_PAGE_SIZE = 5,    // page size outside [1, 2**30]
+  RS_ERR_ALIGN = 6,        // insert length not a multiple of the page size
+  RS_ERR_HANDLE = 7,       // handle names no live node (stale: evicted since the match)
+  RS_ERR_UNLOCK = 8,       // unlock of a node holding no lock of its own
+  RS_ERR_CAPACITY = 9,     // output buffer smaller than the documented bound
+  RS_ERR_NOMEM = 10,       // allocation failed (std::bad_alloc caught at the boundary)
+  RS_ERR_NUM_PAGES = 11,   // negative page count
+  // check_integrity: which invariant is broken.
+  RS_BROKEN_EDGE = 20,     // an edge empty, unaligned, or keys and locations of unequal length
+  RS_BROKEN_REFS = 21,     // a negative lock count, children locked more than their parent, root
+  RS_BROKEN_LINKS = 22,    // parent/child links, sibling first pages or the child index disagree
+  RS_BROKEN_SIZES = 23,    // evictable/protected counters differ from the tree
+  RS_BROKEN_NODES = 24,    // live node count differs from the nodes reachable from the root
+};
+
+// Static, human-readable text for a status code (never NULL).
+const char* rs_strerror(int status);
 
 typedef struct RsRadixTree RsRadixTree;
 

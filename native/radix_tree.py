@@ -2,24 +2,60 @@
 
 `RadixTree` is numpy-only (this package never imports torch); engine/kvcache/radix.py adapts it to
 the PrefixCache interface. The pure-Python twin (engine/kvcache/radix_py.py) runs the same checks
-below, so both backends reject the same inputs with the same exception and message.
+below, so both backends reject the same inputs with the same exception and message. Arguments are
+checked twice on purpose (STYLE.md rule 13): here, so a user gets a TypeError or ValueError naming
+the bad argument, and again in C++, so nothing reaches a pointer unchecked.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import numpy as np
 
-from radixserve.native.prefix import TokenArray, as_array, load
+from radixserve.native import load
+
+if TYPE_CHECKING:
+    import torch
+
+TokenArray = Union[np.ndarray, "torch.Tensor"]
 
 _I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
+_TORCH_DTYPES = {"torch.int32", "torch.int64"}
 _MAX_HANDLE = 2**64 - 1
 
 # Same text as rs_strerror of RS_ERR_HANDLE / RS_ERR_UNLOCK, so both backends say the same thing.
 HANDLE_MESSAGE = "handle names no live node (stale: evicted since the match)"
 UNLOCK_MESSAGE = "unlock without a matching lock"
+
+
+def as_array(x: TokenArray, name: str, dtypes: tuple[np.dtype, ...]) -> np.ndarray:
+    """Returns x as a 1-D C-contiguous numpy array of one of `dtypes`, without copying."""
+    if not isinstance(x, np.ndarray):
+        x = _from_torch(x, name)
+    if x.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {x.shape}")
+    if x.dtype not in dtypes:
+        allowed = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} must be {allowed} (native byte order), got {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous; pass np.ascontiguousarray({name})")
+    return x
+
+
+def _from_torch(x: Any, name: str) -> np.ndarray:
+    # Duck-typed so this module never imports torch; .numpy() is a zero-copy view on CPU.
+    if type(x).__module__.split(".")[0] != "torch" or not hasattr(x, "device"):
+        raise TypeError(
+            f"{name} must be a numpy array or a CPU torch tensor, got {type(x).__name__}"
+        )
+    if x.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got device {x.device}")
+    if str(x.dtype) not in _TORCH_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+    view: np.ndarray = x.detach().numpy()
+    return view
 
 
 class TreeMatch(NamedTuple):

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from radixserve.engine.kvcache.base import CacheSizes, MatchResult, PrefixCache
-from radixserve.native import first_mismatch
 from radixserve.native.radix_tree import (
     HANDLE_MESSAGE,
     UNLOCK_MESSAGE,
@@ -27,6 +26,13 @@ from radixserve.native.radix_tree import (
     check_page_size,
     check_tokens,
 )
+
+
+def _first_mismatch(a: np.ndarray, b: np.ndarray) -> int:
+    """Index of the first position where a and b differ, or min(len(a), len(b)) if none does."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
 
 
 class _Node:
@@ -67,7 +73,7 @@ class PyRadixPrefixCache(PrefixCache):
             child = node.children.get(self._child_key(tokens, pos))
             if child is None:
                 break
-            m = first_mismatch(child.key, tokens[pos:limit]) // P * P
+            m = _first_mismatch(child.key, tokens[pos:limit]) // P * P
             if m < len(child.key):
                 child = self._split(child, m)
             child.last_access = now

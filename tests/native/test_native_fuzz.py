@@ -1,5 +1,5 @@
-"""Runs the libFuzzer + ASan/UBSan targets (prefix helpers, radix tree) for a bounded time; any
-finding fails the test."""
+"""Runs the libFuzzer + ASan/UBSan target (the radix tree) for a bounded time; any finding fails
+the test."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 RUN_SH = Path(__file__).resolve().parents[2] / "native" / "fuzz" / "run.sh"
-SECONDS = 36  # split evenly between the two targets
+SECONDS = 18
 
 
 @pytest.mark.skipif(shutil.which("clang++") is None, reason="clang not installed (.ci/run-deps)")
@@ -21,7 +21,7 @@ def test_fuzz_targets_find_nothing(tmp_path: Path) -> None:
         env={**os.environ, "FUZZ_OUT": str(tmp_path)},
         capture_output=True,
         text=True,
-        timeout=SECONDS + 360,  # two compiles plus libFuzzer's own shutdown
+        timeout=SECONDS + 180,  # the compile plus libFuzzer's own shutdown
     )
     assert done.returncode == 0, done.stderr[-6000:]
-    assert done.stderr.count("Done") == 2  # both targets ran to their time limit
+    assert done.stderr.count("Done") == 1  # the target ran to its time limit

@@ -3,13 +3,16 @@ lengths, buffers and handles give a status code and leave the tree unchanged."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
-from radixserve.native import prefix
+from radixserve.native import backend_name, load
 from radixserve.native.radix_tree import HANDLE_MESSAGE, UNLOCK_MESSAGE, RadixTree
 
 
 def test_c_checks_its_own_arguments() -> None:
-    loaded = prefix.load()
+    loaded = load()
     assert loaded is not None
     ffi, lib, null = loaded.ffi, loaded.lib, loaded.ffi.NULL
     out_tree = ffi.new("RsRadixTree**")
@@ -48,7 +51,7 @@ def test_c_checks_its_own_arguments() -> None:
 
 
 def test_status_texts() -> None:
-    loaded = prefix.load()
+    loaded = load()
     assert loaded is not None
     ffi, lib = loaded.ffi, loaded.lib
     assert ffi.string(lib.rs_strerror(lib.RS_ERR_HANDLE)).decode() == HANDLE_MESSAGE
@@ -56,6 +59,18 @@ def test_status_texts() -> None:
     codes = [getattr(lib, n) for n in dir(lib) if n.startswith(("RS_ERR_", "RS_BROKEN_"))]
     texts = {ffi.string(lib.rs_strerror(c)) for c in codes}
     assert len(texts) == len(codes) and b"unknown status" not in texts
+    assert ffi.string(lib.rs_strerror(12345)) == b"unknown status"
+
+
+def test_compiled_module_in_use() -> None:
+    assert load() is not None, "radixserve.native._prefix is not built: run `pip install -e .`"
+    assert backend_name() == "cpp"
+
+
+def test_import_is_light() -> None:
+    code = "import sys, radixserve.native.radix_tree; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert done.stdout.strip() == "False"
 
 
 def test_tree_is_numpy_only() -> None:
