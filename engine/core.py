@@ -21,8 +21,8 @@ from radixserve.engine.model_runner import ForwardOutput, ModelRunner
 from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.models.config import ModelArgs
-from radixserve.engine.request import FinishReason, Req, ReqStatus
-from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.engine.request import Req, ReqStatus
+from radixserve.engine.sampling.params import FinishReason, InvalidRequestError, SamplingParams
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.scheduler import Scheduler
 

@@ -9,8 +9,7 @@ from typing import Any, Sequence
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore, TokenLogprobs
-from radixserve.engine.request import FinishReason
-from radixserve.engine.sampling.params import SamplingParams
+from radixserve.engine.sampling.params import FinishReason, SamplingParams
 
 
 @dataclass

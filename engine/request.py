@@ -19,13 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from radixserve.engine.sampling.params import SamplingParams
-
-FinishReason = Literal["eos", "stop_token", "stop_string", "length", "aborted"]
+from radixserve.engine.sampling.params import FinishReason, SamplingParams
 
 
 class ReqStatus(Enum):

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS = 20
+
+# Why a request stopped; the engine, the detokenizer and the gateway all speak these names.
+FinishReason = Literal["eos", "stop_token", "stop_string", "length", "aborted"]
 
 
 class InvalidRequestError(ValueError):

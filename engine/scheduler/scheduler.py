@@ -23,7 +23,8 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.kvcache.base import PrefixCache
 from radixserve.engine.kvcache.table import TableManager
-from radixserve.engine.request import FinishReason, Req, ReqStatus
+from radixserve.engine.request import Req, ReqStatus
+from radixserve.engine.sampling.params import FinishReason
 from radixserve.engine.scheduler.admission import OutputEstimate
 from radixserve.engine.scheduler.batch import Batch
 

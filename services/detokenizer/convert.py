@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from radixserve.engine.sampling.params import FinishReason
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as pb
-from radixserve.services.detokenizer.state import Delta, FinishReason, Output, Setup, Step
+from radixserve.services.detokenizer.state import Delta, Output, Setup, Step
 
 _REASON_FROM_PB: dict[int, FinishReason] = {
     pb.FINISH_REASON_EOS: "eos",

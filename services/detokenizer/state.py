@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
-FinishReason = Literal["eos", "stop_token", "stop_string", "length", "aborted"]
+from radixserve.engine.sampling.params import FinishReason
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import grpc
-from radixserve.engine.sampling.params import SamplingParams
+from radixserve.engine.sampling.params import FinishReason, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,6 @@ class GenerateSpec:
     return_prompt_info: bool = False
     skip_special_tokens: bool = True
     n: int = 1  # completions to make from the prompt
-
-
-FinishReason = Literal["eos", "stop_token", "stop_string", "length", "aborted"]
 
 
 @dataclass(frozen=True)
