@@ -121,8 +121,8 @@ def _add_security(p: argparse.ArgumentParser) -> None:
 
 
 def _security(args: argparse.Namespace, probe_address: str | None = None) -> Any:
+    from radixserve.services.common.auth import PublicSecurity
     from radixserve.services.common.rpc import TlsFiles
-    from radixserve.services.gateway.server import PublicSecurity
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("radixserve: --tls-cert and --tls-key go together")

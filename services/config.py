@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixserve.engine.config import EngineConfig
+from radixserve.services.common.auth import PublicSecurity
 from radixserve.services.gateway.frontend import FrontendConfig
-from radixserve.services.gateway.server import PublicSecurity
 
 DEFAULT_GATEWAY_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TOKENIZER_ADDRESS = "127.0.0.1:50052"

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from radixserve.services.common.rpc import TlsFiles
 
 SECRET_ENV = "RADIXSERVE_INTERNAL_SECRET"
 METADATA_KEY = "x-radixserve-internal-secret"
@@ -26,6 +28,20 @@ API_KEY_HEADER = "authorization"
 _PUBLIC_OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 
 Metadata = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class PublicSecurity:
+    """The public gateway port's API key and TLS. With TLS, `probe_address` adds a plaintext unix
+    socket listener for the supervisor's health probe (the API key is still checked there)."""
+
+    api_key: str | None = None  # None: no key is asked for
+    tls: TlsFiles | None = None  # None: plaintext
+    probe_address: str | None = None  # "unix:/private/folder/gateway.sock", or None
+
+    def __post_init__(self) -> None:
+        if self.probe_address is not None and not self.probe_address.startswith("unix:"):
+            raise ValueError("the probe listener must be a unix socket")
 
 
 def call_metadata(secret: str | None) -> Metadata:

@@ -3,8 +3,8 @@
 Servicer methods only parse, call the frontend, and build replies; statuses come from the
 ServiceErrors the frontend raises (mapped by the ErrorInterceptor).
 
-`PublicSecurity` turns on the API key check (every RPC but health) and TLS / mutual TLS on the
-public port. With TLS, `probe_address` adds a plaintext listener for the supervisor's health
+`auth.PublicSecurity` turns on the API key check (every RPC but health) and TLS / mutual TLS on
+the public port. With TLS, `probe_address` adds a plaintext listener for the supervisor's health
 probe; it must be a unix socket in a folder only the serving user can open (the supervisor puts it
 next to the internal sockets), and the API key is still checked there.
 """
@@ -84,17 +84,6 @@ class GenerateServicer(pb_grpc.GenerateServiceServicer):
 
 
 @dataclass(frozen=True)
-class PublicSecurity:
-    api_key: str | None = None  # None: no key is asked for
-    tls: rpc.TlsFiles | None = None  # None: plaintext
-    probe_address: str | None = None  # "unix:/private/folder/gateway.sock", or None
-
-    def __post_init__(self) -> None:
-        if self.probe_address is not None and not self.probe_address.startswith("unix:"):
-            raise ValueError("the probe listener must be a unix socket")
-
-
-@dataclass(frozen=True)
 class BackendAddresses:
     tokenizer: str
     scheduler: str
@@ -159,11 +148,11 @@ async def create_server(
     config: FrontendConfig | None = None,
     metrics: GatewayMetrics | None = None,
     secret: str | None = None,
-    security: PublicSecurity | None = None,
+    security: auth.PublicSecurity | None = None,
 ) -> Served:
     """Build the gateway on `address` (port 0 picks one) and start connecting to the backends."""
     metrics = metrics or GatewayMetrics()
-    security = security or PublicSecurity()
+    security = security or auth.PublicSecurity()
     gateway = Gateway(backends, config or FrontendConfig(), metrics, secret)
     # Refusals by the key check still pass the ErrorInterceptor, so they are counted.
     errors = ErrorInterceptor(metrics.on_status)
@@ -187,7 +176,7 @@ async def serve(
     config: FrontendConfig,
     metrics_port: int | None = None,
     secret: str | None = None,
-    security: PublicSecurity | None = None,
+    security: auth.PublicSecurity | None = None,
 ) -> int:
     """Entry point of `radixserve gateway`: serve until SIGTERM, drain, exit."""
     from radixserve.services.common.lifecycle import exit_now, run_until_signal
@@ -197,7 +186,7 @@ async def serve(
         metrics.serve_http(metrics_port)
     served = await create_server(address, backends, config, metrics, secret, security)
     await served.server.start()
-    security = security or PublicSecurity()
+    security = security or auth.PublicSecurity()
     log.info("gateway listening on %s (port %d, %s, %s)", address, served.port,
              "TLS" if security.tls else "plaintext",
              "API key required" if security.api_key else "no API key")

@@ -197,6 +197,7 @@ def test_python_client_over_tls_with_the_key(locked: tuple[Stack, grpc.Channel],
 
 
 def test_mutual_tls_refuses_clients_without_a_certificate(certs: Path) -> None:
+    from radixserve.services.common.auth import PublicSecurity
     from radixserve.services.common.rpc import TlsFiles
     from radixserve.services.gateway import server as gw_server
 
@@ -204,7 +205,7 @@ def test_mutual_tls_refuses_clients_without_a_certificate(certs: Path) -> None:
         tls = TlsFiles(str(certs / "server.pem"), str(certs / "server.key"), str(certs / "ca.pem"))
         dead = gw_server.BackendAddresses("127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1")
         served = await gw_server.create_server(
-            "127.0.0.1:0", dead, security=gw_server.PublicSecurity(KEY, tls))
+            "127.0.0.1:0", dead, security=PublicSecurity(KEY, tls))
         await served.server.start()
         try:
             target = f"127.0.0.1:{served.port}"
