@@ -39,7 +39,8 @@ check-protos: protos
 clean:
 	rm -rf $(VENV) build *.egg-info clients/python/build clients/python/*.egg-info
 
-# Line budgets (STYLE.md rule 1): core engine files <= 300 code lines, services/clients edge <= 450.
+# Line budgets (docs/conventions.md #3): engine/ and native/ files <= 300 code lines, services/ and
+# the Python client <= 450.
 lint-size:
 	$(BIN)/python tools/line_budget.py
 

@@ -1,9 +1,9 @@
 """Owner of the compiled prefix helpers: loads `ffi`/`lib` once, validates inputs, maps status codes.
 
-Argument checking happens twice on purpose (STYLE.md rule 13): here, so a user gets a TypeError or
-ValueError naming the bad argument, and again in C++, so nothing reaches a pointer unchecked. The
-pure-Python twin (prefix_py.py) reuses the checks below, so both backends reject the same inputs
-with the same messages.
+Argument checking happens twice on purpose (docs/conventions.md #9): here, so a user gets a
+TypeError or ValueError naming the bad argument, and again in C++, so nothing reaches a pointer
+unchecked. The pure-Python twin (prefix_py.py) reuses the checks below, so both backends reject the
+same inputs with the same messages.
 """
 
 from __future__ import annotations

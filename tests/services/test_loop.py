@@ -118,9 +118,9 @@ def test_loop_watchdog_quiet_when_idle_or_slow_but_moving() -> None:
 
 
 def test_loop_abort_frees_before_the_next_step_and_shows_it() -> None:
-    """RELIABILITY "Abort latency": an abort that reaches the loop while a step runs frees the
-    request before the step after it, and the stats snapshot (what `bench abort` reads through
-    the metrics) shows the freed slot at once, with the step count."""
+    """Abort latency (docs/reliability.md #11 and Targets): an abort that reaches the loop while a
+    step runs frees the request before the step after it, and the stats snapshot (what `bench abort`
+    reads through the metrics) shows the freed slot at once, with the step count."""
     engine = FakeEngine(step_delay_s=0.2)
     sink = Sink()
     lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False, idle_poll_s=0.05))

@@ -1,5 +1,5 @@
-"""Source gates: line budgets of services/ (STYLE rule 1), and no unsafe deserialization in any
-shipped source: engine/, services/, native/, clients/ (DESIGN §2.4, RELIABILITY 27)."""
+"""Source gates: line budgets of services/ (docs/conventions.md #3), and no unsafe deserialization
+in any shipped source: engine/, services/, native/, clients/ (docs/reliability.md #27)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _shipped_sources() -> list[Path]:
 
 
 def test_no_unsafe_deserialization_anywhere() -> None:
-    """RELIABILITY 27: protobuf only on every wire and in every file the engine reads."""
+    """docs/reliability.md #27: protobuf only on every wire and in every file the engine reads."""
     files = _shipped_sources()
     assert len(files) > 50, "the gate found too few files to be looking in the right place"
     offenders = [
