@@ -39,8 +39,8 @@ check-protos: protos
 clean:
 	rm -rf $(VENV) build *.egg-info clients/python/build clients/python/*.egg-info
 
-# Line budgets (STYLE.md rule 1, tools/line_budget.py): 300 code lines a file; servers, entry points,
-# client libraries and bench/ 450. tests/services/test_services_hygiene.py runs the same checker.
+# Line budgets (docs/conventions.md #3, tools/line_budget.py): 300 code lines a file; servers, entry
+# points, client libraries and bench/ 450. tests/services/test_services_hygiene.py runs the same checker.
 lint-size:
 	$(BIN)/python tools/line_budget.py
 

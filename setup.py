@@ -1,4 +1,5 @@
-"""Build script: maps the project folders onto the `radixserve.*` import names (DESIGN.md §1)."""
+"""Build script: maps the project folders onto the `radixserve.*` import names
+(docs/architecture.md, "Repository layout")."""
 
 from __future__ import annotations
 

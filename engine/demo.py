@@ -1,9 +1,9 @@
 """The built-in demo model: a tiny random-weight Qwen3 checkpoint with a trained byte-level BPE
 tokenizer, generated offline in about a second, byte-for-byte deterministic for a given seed.
 
-It is what `radixserve serve --model demo` runs and what the parity tests build on (DESIGN.md §6,
-§8). Weights are random but scaled so that greedy decoding wanders over many tokens instead of
-repeating one; `tests/test_demo.py` asserts that with transformers as the judge.
+It is what `radixserve serve --model demo` runs and what the parity tests build on
+(docs/reliability.md #25). Weights are random but scaled so that greedy decoding wanders over many
+tokens instead of repeating one; `tests/test_demo.py` asserts that with transformers as the judge.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """`radixserve bench abort`: client cancel -> the scheduler has freed the request, at N running.
 
-RELIABILITY "Abort latency": <= 2 engine steps and <= 100 ms p99 at 256 running requests. The
-bench opens --running streams (token-id prompts, ignore_eos, long enough to outlast the run),
-waits until the scheduler runs all of them, then cancels --cancels of them one at a time. For
-each it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
+The abort-latency target (docs/reliability.md, Targets): <= 2 engine steps and <= 100 ms p99 at 256
+running requests. The bench opens --running streams (token-id prompts, ignore_eos, long enough to
+outlast the run), waits until the scheduler runs all of them, then cancels --cancels of them one at
+a time. For each it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
 `radixserve_engine_steps_total`) until the running count drops by one: the time from
 `call.cancel()` to that snapshot, and the engine steps run between. The scheduler publishes the
 snapshot as soon as it has freed aborted requests (before its next step), so the figures are the

@@ -1,11 +1,11 @@
 """`radixserve bench fuzz`: many mutated Generate requests through the gateway, then liveness checks.
 
-RELIABILITY "Fuzz": >= 10^6 mutated Generate requests with 0 crashes. Each request is raw bytes
-sent as a GenerateRequest: a valid seed request (SEEDS) or up to 64 random bytes, then up to 6
-edits (bit flip, inserted byte, deleted bytes, truncation, overwritten byte; `mutate`), the
-scheme of the hypothesis fuzz in tests/services/test_services_wire.py, which imports SEEDS,
-ALLOWED and `mutate` from here. --concurrency calls are in flight at once (one asyncio client,
-one connection), each with a --timeout deadline.
+The fuzz target (docs/reliability.md, Targets): >= 10^6 mutated Generate requests with 0 crashes.
+Each request is raw bytes sent as a GenerateRequest: a valid seed request (SEEDS) or up to 64 random
+bytes, then up to 6 edits (bit flip, inserted byte, deleted bytes, truncation, overwritten byte;
+`mutate`), the scheme of the hypothesis fuzz in tests/services/test_services_wire.py, which imports
+SEEDS, ALLOWED and `mutate` from here. --concurrency calls are in flight at once (one asyncio
+client, one connection), each with a --timeout deadline.
 
 Every call must end with a status in ALLOWED (a clean refusal, success or its deadline; never
 INTERNAL, UNKNOWN or UNAVAILABLE). After each --batch requests: a valid request must still get

@@ -1,10 +1,10 @@
 """`radixserve bench overload`: refusals and admitted streams at 3x the saturating arrival rate.
 
-RELIABILITY "Overload": rejected calls get RESOURCE_EXHAUSTED (with `retry-after-ms`) in <= 10 ms
-p99, admitted calls keep p99 ITL within 1.5x of the unloaded value, and no call ends on its
-client deadline without a status. Two phases against one stack whose admission is
-`--max-running R --max-queued Q` (passed to `serve` with --launch; give the server's values
-with --target):
+The overload target (docs/reliability.md, Targets): rejected calls get RESOURCE_EXHAUSTED (with
+`retry-after-ms`) in <= 10 ms p99, admitted calls keep p99 ITL within 1.5x of the unloaded value,
+and no call ends on its client deadline without a status. Two phases against one stack whose
+admission is `--max-running R --max-queued Q` (passed to `serve` with --launch; give the server's
+values with --target):
   1. unloaded: R closed-loop clients; gives the unloaded ITL and the saturating rate (req/s);
   2. overload: Poisson arrivals at --factor x that rate for --duration seconds.
 Requests are random token-id prompts (--input-len), --output-len tokens with ignore_eos, greedy.

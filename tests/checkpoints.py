@@ -1,5 +1,5 @@
 """Tiny random-weight Hugging Face checkpoints and transformers reference outputs for the
-engine-vs-HF parity tests (DESIGN.md §6).
+engine-vs-HF parity tests (docs/reliability.md #25).
 
 Every checkpoint is built with transformers' own model classes and `save_pretrained`, shares the
 demo tokenizer (so vocab sizes match and text round-trips), and uses the demo's weight scaling so

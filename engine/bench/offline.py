@@ -1,4 +1,5 @@
-"""`radixserve bench offline`: throughput of the offline engine on random requests (DESIGN.md §7).
+"""`radixserve bench offline`: throughput of the offline engine on random requests
+(docs/benchmarks.md, "Workloads").
 
 Defaults are the nano-vllm / mini-sglang workload: 256 requests, input and output lengths uniform in
 [100, 1024], token ids < 10000, seed 0, temperature 0.6, ignore_eos. `--hf-requests N` runs the first

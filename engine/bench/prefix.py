@@ -1,4 +1,5 @@
-"""`radixserve bench prefix`: shared system prompts, radix cache on vs off (DESIGN.md §7).
+"""`radixserve bench prefix`: shared system prompts, radix cache on vs off (docs/benchmarks.md,
+"Workloads").
 
 --groups groups of --group-size prompts; each prompt is its group's shared prefix (--prefix-len
 random ids) plus its own question (--question-len ids), and decodes --output-len tokens (greedy,

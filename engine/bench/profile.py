@@ -189,7 +189,8 @@ def profile_prefill(core: EngineCore, tokens: int, runs: int = 3,
 
 
 def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
-    """The DESIGN.md §7 offline workload, steps grouped by kind: where its wall time goes."""
+    """The offline workload (docs/benchmarks.md, "Workloads"), steps grouped by kind: where its
+    wall time goes."""
     from radixserve.engine.bench.suite import offline_requests
 
     for i, (ids, params) in enumerate(offline_requests(core.model_info.vocab_size)):
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-cuda-graph", action="store_true")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--offline", action="store_true", help="profile the DESIGN.md §7 offline workload instead")
+    mode.add_argument("--offline", action="store_true", help="profile the offline workload instead")
     mode.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
                       help=f"profile one prefill step of {PREFILL_REQUESTS} prompts totalling TOKENS instead")
     ap.add_argument("--json")

@@ -1,10 +1,11 @@
 """`radixserve bench suite`: the GPU figures of one model in one process, one engine at a time.
 
-Parts (comma-separated --parts): latency (batch-1 decode, graphs and eager), offline (DESIGN.md §7
-workload through EngineCore with token ids, overlap on), no_overlap (the same, overlap off),
-offline_llm (the same through LLM.generate, which also detokenizes every token), hf (transformers
-generate: batch-1 latency and a small batched run, with the engine on that same small workload),
-prefix, long. Every result row is appended to --out as one JSON line.
+Parts (comma-separated --parts): latency (batch-1 decode, graphs and eager), offline (the offline
+workload of docs/benchmarks.md, "Workloads", through EngineCore with token ids, overlap on),
+no_overlap (the same, overlap off), offline_llm (the same through LLM.generate, which also
+detokenizes every token), hf (transformers generate: batch-1 latency and a small batched run, with
+the engine on that same small workload), prefix, long. Every result row is appended to --out as one
+JSON line.
 """
 
 from __future__ import annotations

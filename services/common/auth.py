@@ -1,10 +1,10 @@
 """Credentials checked by interceptors, compared in constant time (hmac.compare_digest).
 
-- Internal services (RELIABILITY 28) answer UNAUTHENTICATED to calls without the shared secret, so
-  reaching their port is not enough to drive the engine. Health and reflection stay open.
-- The public gateway (RELIABILITY 29), when given an API key, answers UNAUTHENTICATED to calls
-  without `authorization: Bearer <key>` (exact, case-sensitive). Only grpc.health.v1 stays open:
-  reflection describes the API and needs the key like every other RPC.
+- Internal services (docs/reliability.md #28) answer UNAUTHENTICATED to calls without the shared
+  secret, so reaching their port is not enough to drive the engine. Health and reflection stay open.
+- The public gateway (docs/reliability.md #29), when given an API key, answers UNAUTHENTICATED to
+  calls without `authorization: Bearer <key>` (exact, case-sensitive). Only grpc.health.v1 stays
+  open: reflection describes the API and needs the key like every other RPC.
 
 A refused call is answered before its request is parsed, so bytes from an unauthenticated caller
 never reach a protobuf parser.

@@ -119,7 +119,7 @@ class Frontend(SchedulerEvents):
         if self._full is not None:
             # The scheduler said "queue full" while it held `held` of ours. Only one of them
             # ending can make room (slots, queue and pages are freed by finishes and aborts), so
-            # until then refuse here, without a round trip (RELIABILITY "Overload": <= 10 ms).
+            # until then refuse here, without a round trip (docs/reliability.md #15: <= 10 ms).
             # The hint expires with the retry-after time, for gateways that share a scheduler.
             # A call of fewer completions than the refused one may still fit.
             held, when, n = self._full

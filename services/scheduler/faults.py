@@ -1,4 +1,5 @@
-"""Test-only fault injection for the failure tests (RELIABILITY 20, 21). Never set in production.
+"""Test-only fault injection for the failure tests (docs/reliability.md #20, #21). Never set in
+production.
 
 `RADIXSERVE_TEST_FAULT=hang:N` makes every engine step after the first N (warm-up steps
 included) sleep forever; `raise:N` makes it raise `InjectedFault` instead; `gil:N` makes it sleep

@@ -142,7 +142,7 @@ class SchedulerApp:
             try:
                 if not self.accepting:
                     raise _Refused(grpc.StatusCode.UNAVAILABLE, "scheduler is not serving")
-                if self.loop.queue_full():  # RELIABILITY "Overload": refuse without a step's wait
+                if self.loop.queue_full():  # no step's wait: docs/reliability.md #15
                     raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
                 requests.append(convert.new_request_from_pb(new))
             except InvalidRequestError as exc:

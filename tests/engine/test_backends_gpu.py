@@ -3,7 +3,7 @@
 Backends are checked against a float64 reference on fresh random inputs: relative error
 ||out - ref|| / ||ref|| under 1e-2 in bf16 (NaN never passes), ragged batches, chunked prefill over
 cached prefixes, decode, mixed steps, page sizes 1 and 16. The engine is checked against
-transformers on a random-weight checkpoint by the RELIABILITY.md item 25 rule.
+transformers on a random-weight checkpoint by the rule of docs/reliability.md #25.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The whole engine in bf16 on a CUDA device against transformers (skipped without CUDA).
 
-RELIABILITY.md item 25: 16 prompts x 32 greedy tokens; tokens equal, or at the first divergence
+docs/reliability.md #25: 16 prompts x 32 greedy tokens; tokens equal, or at the first divergence
 each side's token is in the other's top-5; logprob max diff up to that point (the item's 5e-2 is
 reported; the assertion bounds the engine's error against float32 by transformers bf16's own).
 transformers runs teacher-forced over prompt + the engine's tokens, so every position is compared

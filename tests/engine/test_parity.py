@@ -1,4 +1,5 @@
-"""Greedy parity with transformers on random-weight checkpoints (float32, CPU), DESIGN.md §6."""
+"""Greedy parity with transformers on random-weight checkpoints (float32, CPU):
+docs/reliability.md #25."""
 
 from __future__ import annotations
 

@@ -134,11 +134,11 @@ def test_admission_is_validated(path):
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("cache", ["radix", "naive"])
 def test_abort_while_retracted_and_while_readmitted(path, make_llm, greedy_reference, overlap, cache):
-    """RELIABILITY 11: abort requests that sit in the queue after a retraction, and requests that
-    are being admitted again (small prefill chunks: prompt + outputs take several steps to
-    re-prefill; with the naive cache nothing of it is reused, so the re-prefill always spans
-    several steps). Each abort frees the request at once, nothing is emitted for it afterwards, the
-    others produce exactly the unpressured outputs, and the pool invariant holds."""
+    """docs/reliability.md #11: abort requests that sit in the queue after a retraction, and
+    requests that are being admitted again (small prefill chunks: prompt + outputs take several
+    steps to re-prefill; with the naive cache nothing of it is reused, so the re-prefill always
+    spans several steps). Each abort frees the request at once, nothing is emitted for it
+    afterwards, the others produce exactly the unpressured outputs, and the pool invariant holds."""
     prompts, expected = greedy_reference
     llm = make_llm(path, num_pages=int(0.3 * demand_pages(prompts, MAX_NEW, 4)), page_size=4,
                    max_prefill_tokens=16, overlap=overlap, admission="optimistic", cache=cache)

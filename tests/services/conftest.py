@@ -1,5 +1,5 @@
 """Fixtures of the service tests: one real `radixserve serve` stack for the whole session, and
-the pool invariant checked after every test that used it (RELIABILITY 14)."""
+the pool invariant checked after every test that used it (docs/reliability.md #14)."""
 
 from __future__ import annotations
 

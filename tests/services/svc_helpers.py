@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixserve.engine.core import StepOutput
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.services.scheduler.loop import Acks, NewRequest, StepBatch
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -95,6 +96,48 @@ class FakeEngine:
 
     def check_integrity(self) -> None:
         assert not self.reqs
+
+
+# -- engine loop sink ----------------------------------------------------------------------------
+
+
+class Sink:
+    """Records what an `EngineLoop` reports: acks, step batches, readiness, fatal errors, stalls."""
+
+    def __init__(self) -> None:
+        self.acks: list[Acks] = []
+        self.steps: list[StepBatch] = []
+        self.ready = threading.Event()
+        self.fatal: list[BaseException] = []
+        self.stalls: list[bool] = []
+
+    def on_ready(self, model_info: Any) -> None:
+        self.ready.set()
+
+    def on_acks(self, acks: Acks) -> None:
+        self.acks.append(acks)
+
+    def on_step(self, batch: StepBatch) -> None:
+        self.steps.append(batch)
+
+    def on_fatal(self, exc: BaseException) -> None:
+        self.fatal.append(exc)
+
+    def on_stalled(self, stalled: bool) -> None:
+        self.stalls.append(stalled)
+
+
+def new(rid: str, n: int = 3, **kw: Any) -> NewRequest:
+    """A one-token-prompt request for `n` new tokens, passing its id through."""
+    return NewRequest(rid, [5], SamplingParams(max_new_tokens=n, **kw), passthrough=rid)
+
+
+def wait_for(check: Any, timeout: float = 5.0) -> None:
+    """Poll `check` every 5 ms; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
 
 
 # -- client helpers ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Process failures, each on a stack of its own: readiness during startup, a killed scheduler,
 tokenizer, detokenizer or gateway, an engine step that raises or hangs (watchdog), a hang that
 holds the GIL (the supervisor's liveness check), a killed supervisor, and a drain under load
-(RELIABILITY 19-24)."""
+(docs/reliability.md #19-24)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Source gates: line budgets (STYLE rule 1, the one checker in tools/line_budget.py), and no unsafe
-deserialization in any shipped source: engine/, services/, native/, clients/ (DESIGN §2.4,
-RELIABILITY 27)."""
+"""Source gates: line budgets (docs/conventions.md #3, the one checker in tools/line_budget.py), and
+no unsafe deserialization in any shipped source: engine/, services/, native/, clients/
+(docs/reliability.md #27)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _shipped_sources() -> list[Path]:
 
 
 def test_no_unsafe_deserialization_anywhere() -> None:
-    """RELIABILITY 27: protobuf only on every wire and in every file the engine reads."""
+    """docs/reliability.md #27: protobuf only on every wire and in every file the engine reads."""
     files = _shipped_sources()
     assert len(files) > 50, "the gate found too few files to be looking in the right place"
     offenders = [

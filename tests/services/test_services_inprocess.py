@@ -69,7 +69,8 @@ def test_client_cancel_aborts_in_engine_and_frees_every_map(demo_path: str, n: i
         call.cancel()
         await until(lambda: len(stack.engine.aborted) == n)
         assert set(stack.engine.aborted) == set(stack.engine.added)  # every completion
-        # Each abort reaches the engine within two scheduler steps of the client's RST (RELIABILITY 11).
+        # Each abort reaches the engine within two scheduler steps of the client's RST
+        # (docs/reliability.md #11).
         assert all(stack.engine.abort_steps[rid] - cancelled_at <= 2 for rid in stack.engine.aborted)
         await until(lambda: idle(stack))
         # The id is reusable at once.

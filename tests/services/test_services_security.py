@@ -1,5 +1,6 @@
-"""Security and overload at the public edge (RELIABILITY 8, 15, 17, 29, 30): the API key, TLS and
-mutual TLS, bounded queues with a retry hint, infeasible requests, and the gateway's limits.
+"""Security and overload at the public edge (docs/reliability.md #8, #15, #17, #29, #30): the API
+key, TLS and mutual TLS, bounded queues with a retry hint, infeasible requests, and the gateway's
+limits.
 
 One "locked" stack serves the key, TLS and the small queue: --api-key, a throwaway certificate
 made here with the openssl CLI, one request slot, one queue place, a 32-page KV pool.
@@ -104,7 +105,7 @@ def _wait_idle(stub: pb_grpc.GenerateServiceStub) -> None:
         time.sleep(0.05)
 
 
-# -- API key and TLS (RELIABILITY 29) --------------------------------------------------------------
+# -- API key and TLS (docs/reliability.md #29) -----------------------------------------------------
 
 PUBLIC_METHODS = [
     (f"/radixserve.v1.GenerateService/{m.name}", m.server_streaming)
@@ -227,7 +228,7 @@ def test_mutual_tls_refuses_clients_without_a_certificate(certs: Path) -> None:
     asyncio.run(main())
 
 
-# -- overload and infeasible requests (RELIABILITY 15, 17) -----------------------------------------
+# -- overload and infeasible requests (docs/reliability.md #15, #17) -------------------------------
 
 
 def test_queue_full_two_admitted_eight_refused_with_a_retry_hint(locked: tuple[Stack, grpc.Channel], certs: Path) -> None:
@@ -261,9 +262,10 @@ def test_queue_full_two_admitted_eight_refused_with_a_retry_hint(locked: tuple[S
 
 
 def test_refusals_are_fast_while_admitted_calls_keep_streaming(tmp_path: Path) -> None:
-    """RELIABILITY "Overload": 200 refused calls, measured one after another at the client, while
-    one admitted call streams and one waits. The 10 ms p99 figure is measured by `radixserve
-    bench overload`; on a shared 2-core box the test holds looser bounds (REFUSAL_P99_S)."""
+    """Overload target (docs/reliability.md, Targets): 200 refused calls, measured one after another
+    at the client, while one admitted call streams and one waits. The 10 ms p99 figure is measured
+    by `radixserve bench overload`; on a shared 2-core box the test holds looser bounds
+    (REFUSAL_P99_S)."""
     s = Stack("--max-running-requests", "1", "--max-queued-requests", "1",
               log_path=tmp_path / "serve.log")
     try:
@@ -334,7 +336,7 @@ def test_request_bigger_than_the_kv_pool_is_refused_at_admission(locked: tuple[S
 
 
 def test_n_completions_are_admitted_whole_or_refused_whole(locked: tuple[Stack, grpc.Channel]) -> None:
-    """RELIABILITY 16 with n > 1: one slot and one queue place take 2 completions, not 3; a
+    """docs/reliability.md #16 with n > 1: one slot and one queue place take 2 completions, not 3; a
     refused group reserves nothing, and a smaller call right after it is not refused."""
     _, channel = locked
     stub = pb_grpc.GenerateServiceStub(channel)

@@ -1,5 +1,5 @@
-"""Bad inputs (RELIABILITY 1-8) against the real stack: each gets the right status, names the
-problem, reaches no engine, and the server keeps serving."""
+"""Bad inputs (docs/reliability.md #1-8) against the real stack: each gets the right status, names
+the problem, reaches no engine, and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_prompts(stack: Stack, req: pb.GenerateRequest, fragment: str) -> None:
     _expect(stack, req, INVALID, fragment)
 
 
-# One row per bound, both sides where a side exists (RELIABILITY 5 and 7).
+# One row per bound, both sides where a side exists (docs/reliability.md #5 and #7).
 SAMPLING_ROWS = [
     ("temperature", -1.0), ("temperature", math.nan), ("temperature", math.inf),
     ("top_p", 0.0), ("top_p", 1.5), ("top_p", -0.5),

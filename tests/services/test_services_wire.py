@@ -1,6 +1,6 @@
-"""Wire abuse against the shared stack (RELIABILITY 8, 27, 30): a reader that never reads, 1000
-streams on one connection, a PING flood, a fuzz of mutated GenerateRequest bytes, and a fuzz of
-every internal RPC of the tokenizer, scheduler and detokenizer.
+"""Wire abuse against the shared stack (docs/reliability.md #8, #27, #30): a reader that never
+reads, 1000 streams on one connection, a PING flood, a fuzz of mutated GenerateRequest bytes, and a
+fuzz of every internal RPC of the tokenizer, scheduler and detokenizer.
 
 The gateway fuzz runs for RADIXSERVE_FUZZ_SECONDS (default 20) and the internal one for
 RADIXSERVE_INTERNAL_FUZZ_SECONDS (default 15) in CI; run them longer with, e.g.,
@@ -129,7 +129,7 @@ def test_ping_flood_gets_goaway(stack: Stack) -> None:
 # -- fuzz ----------------------------------------------------------------------------------------
 
 # The seeds, the mutation scheme and the allowed statuses are `radixserve bench fuzz`'s, which runs
-# the same fuzz at a million requests from concurrent calls (RELIABILITY "Fuzz").
+# the same fuzz at a million requests from concurrent calls (docs/reliability.md, Targets: Fuzz).
 
 
 def test_fuzz_generate_with_mutated_bytes(stack: Stack) -> None:
@@ -233,9 +233,10 @@ def _call_raw(channel: grpc.Channel, method: str, client_streaming: bool, server
 
 
 def test_fuzz_internal_endpoints(stack: Stack) -> None:
-    """RELIABILITY 27: random bytes and truncated or mutated valid messages on every internal RPC.
-    Each call ends with a status: UNAUTHENTICATED without the secret (before any parsing), else a
-    clean refusal or a normal end; no service dies and the gateway keeps serving."""
+    """docs/reliability.md #27: random bytes and truncated or mutated valid messages on every
+    internal RPC. Each call ends with a status: UNAUTHENTICATED without the secret (before any
+    parsing), else a clean refusal or a normal end; no service dies and the gateway keeps
+    serving."""
     from radixserve.services.common.auth import METADATA_KEY
 
     budget_s = float(os.environ.get("RADIXSERVE_INTERNAL_FUZZ_SECONDS", "15"))
