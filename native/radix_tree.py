@@ -3,7 +3,7 @@
 `RadixTree` is numpy-only (this package never imports torch); engine/kvcache/radix.py adapts it to
 the PrefixCache interface. The pure-Python twin (engine/kvcache/radix_py.py) runs the same checks
 below, so both backends reject the same inputs with the same exception and message. Arguments are
-checked twice on purpose (STYLE.md rule 13): here, so a user gets a TypeError or ValueError naming
+checked twice on purpose (docs/conventions.md #9): here, so a user gets a TypeError or ValueError naming
 the bad argument, and again in C++, so nothing reaches a pointer unchecked.
 """
 

@@ -1,4 +1,4 @@
-"""The line budget (STYLE.md rule 1): code lines per source file, not blanks, comments or docstrings.
+"""The line budget (docs/conventions.md #3): code lines per source file, not blanks, comments or docstrings.
 
 One rule set, used by `make lint-size` and by tests/services/test_services_hygiene.py: an ordinary
 file holds at most 300 code lines; servers, entry points and client libraries at most 450.
