@@ -235,7 +235,7 @@ def _frontend_config(args: argparse.Namespace) -> Any:
 
 
 def _run_bench(name: str, argv: list[str]) -> int:
-    for module in (f"radixserve.bench.{name}", f"radixserve.services.bench_{name}"):
+    for module in (f"radixserve.bench.{name}",):
         try:
             target = importlib.import_module(module)
         except ModuleNotFoundError as exc:

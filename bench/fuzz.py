@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from radixserve.services.bench_serving import add_stack_args, parse_stack_args, stack
-from radixserve.services.bench_soak import (_raise_fd_limit, _wait_idle, process_changes, process_table, sample,
+from radixserve.bench.serving import add_stack_args, parse_stack_args, stack
+from radixserve.bench.soak import (_raise_fd_limit, _wait_idle, process_changes, process_table, sample,
                                             service_pids)
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc

@@ -23,7 +23,7 @@ import urllib.request
 from typing import Any
 
 import grpc
-from radixserve.services.bench_serving import _percentiles, add_stack_args, parse_stack_args, stack
+from radixserve.bench.serving import _percentiles, add_stack_args, parse_stack_args, stack
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
