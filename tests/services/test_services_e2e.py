@@ -251,6 +251,7 @@ def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None
     import asyncio
 
     from radixserve.bench import soak as bench_soak
+    from radixserve.bench.process import SERVICES
 
     monkeypatch.setattr(bench_soak, "STREAMS_PER_CHANNEL", 8)  # 3 connections, as 1000 clients get 4
     cfg = bench_soak.SoakConfig(stack.target, clients=20, duration_s=12.0, cancel_share=0.3,
@@ -260,7 +261,7 @@ def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None
     assert result.passed, table
     assert result.exact > 0 and result.statuses.get("cancel CANCELLED", 0) > 0, table
     assert result.statuses.get("invalid INVALID_ARGUMENT", 0) > 0, table
-    assert set(result.processes) == set(bench_soak.SERVICES), table
+    assert set(result.processes) == set(SERVICES), table
     assert all(p["rss_after_mib"] > 0 for p in result.processes.values())
 
 
