@@ -125,3 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(result, f, indent=2)
     ok = result["steps"]["max"] <= 2 and result["ms"]["p99"] <= 100
     return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -166,3 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"config": asdict(cfg), "result": result}, f, indent=2)
     codes = result["overload"]["codes"]
     return 1 if codes.get("DEADLINE_EXCEEDED", 0) or set(codes) - {"OK", "RESOURCE_EXHAUSTED"} else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

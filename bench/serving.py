@@ -226,3 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_path, "w") as f:
             json.dump(payload, f, indent=2)
     return 1 if any(r.failed for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -245,3 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         payload: dict[str, Any] = {"config": asdict(cfg), "result": asdict(result)}
         Path(args.json_path).write_text(json.dumps(payload, indent=2))
     return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
