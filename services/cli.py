@@ -187,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo-model", help="write the built-in demo model to DIR")
     p.add_argument("dir")
 
+    # Shown by `radixserve --help` only: main() hands `bench ...` to radixserve.bench unparsed.
     p = sub.add_parser("bench", help="benchmarks (`radixserve bench --help` lists them)", add_help=False)
     p.add_argument("name")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -233,17 +234,13 @@ def _frontend_config(args: argparse.Namespace) -> Any:
     return FrontendConfig(args.default_max_new_tokens, args.max_in_flight, args.drain_timeout)
 
 
-def _run_bench(name: str | None, argv: list[str]) -> int:
-    from radixserve.bench import run  # the one import of the benchmarks from the product
-
-    return run(name, argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # every word after NAME is the benchmark's own, --help included
-        return _run_bench(argv[1] if len(argv) > 1 else None, argv[2:])
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["bench"]:  # before argparse: every word after NAME is the benchmark's, --help too
+        from radixserve.bench import run  # the product's one import of the benchmarks
+
+        return run(words[1] if len(words) > 1 else None, words[2:])
+    args = build_parser().parse_args(words)
     if args.command == "demo-model":
         from radixserve.engine.demo import create_demo_model
 
