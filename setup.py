@@ -11,6 +11,7 @@ from setuptools import setup
 PACKAGE_ROOTS = {
     "radixserve.engine": "engine",
     "radixserve.services": "services",
+    "radixserve.bench": "bench",
     "radixserve.native": "native",
     "radixserve.internal": "protos/gen/radixserve/internal",
 }

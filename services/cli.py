@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -188,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo-model", help="write the built-in demo model to DIR")
     p.add_argument("dir")
 
-    p = sub.add_parser("bench", help="benchmarks: offline, serving, prefix, long", add_help=False)
+    # Shown by `radixserve --help` only: main() hands `bench ...` to radixserve.bench unparsed.
+    p = sub.add_parser("bench", help="benchmarks (`radixserve bench --help` lists them)", add_help=False)
     p.add_argument("name")
     p.add_argument("args", nargs=argparse.REMAINDER)
     return parser
@@ -234,23 +234,13 @@ def _frontend_config(args: argparse.Namespace) -> Any:
     return FrontendConfig(args.default_max_new_tokens, args.max_in_flight, args.drain_timeout)
 
 
-def _run_bench(name: str, argv: list[str]) -> int:
-    for module in (f"radixserve.engine.bench.{name}", f"radixserve.services.bench_{name}"):
-        try:
-            target = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and module.startswith(exc.name):
-                continue  # this bench is not in this package; try the next home
-            raise
-        return int(target.main(argv) or 0)
-    print(f"radixserve bench: no benchmark named {name!r}", file=sys.stderr)
-    return 2
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "bench":
-        return _run_bench(args.name, args.args)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["bench"]:  # before argparse: every word after NAME is the benchmark's, --help too
+        from radixserve.bench import run  # the product's one import of the benchmarks
+
+        return run(words[1] if len(words) > 1 else None, words[2:])
+    args = build_parser().parse_args(words)
     if args.command == "demo-model":
         from radixserve.engine.demo import create_demo_model
 

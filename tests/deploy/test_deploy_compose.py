@@ -212,6 +212,6 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
                    "**/build", "**/*.so", "**/.pytest_cache"):
         assert needed in patterns, needed
     # Everything the Dockerfile copies must survive the ignore list.
-    for kept in ("pyproject.toml", "setup.py", "README.md", "engine", "services", "native",
+    for kept in ("pyproject.toml", "setup.py", "README.md", "engine", "services", "bench", "native",
                  "protos", "clients"):
         assert kept not in patterns and (REPO / kept).exists(), kept

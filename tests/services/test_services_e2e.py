@@ -211,7 +211,7 @@ def test_prefix_cache_hits_are_reported(stack: Stack) -> None:
 def test_bench_serving_smoke(stack: Stack) -> None:
     import asyncio
 
-    from radixserve.services import bench_serving
+    from radixserve.bench import serving as bench_serving
 
     cfg = bench_serving.BenchConfig(stack.target, (1, 3), num_prompts=6, input_len=16,
                                     output_len=4, range_ratio=0.5, request_rate=50.0,
@@ -250,7 +250,8 @@ def test_internal_services_are_private_and_need_the_secret(stack: Stack) -> None
 def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from radixserve.services import bench_soak
+    from radixserve.bench import soak as bench_soak
+    from radixserve.bench.process import SERVICES
 
     monkeypatch.setattr(bench_soak, "STREAMS_PER_CHANNEL", 8)  # 3 connections, as 1000 clients get 4
     cfg = bench_soak.SoakConfig(stack.target, clients=20, duration_s=12.0, cancel_share=0.3,
@@ -260,13 +261,13 @@ def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None
     assert result.passed, table
     assert result.exact > 0 and result.statuses.get("cancel CANCELLED", 0) > 0, table
     assert result.statuses.get("invalid INVALID_ARGUMENT", 0) > 0, table
-    assert set(result.processes) == set(bench_soak.SERVICES), table
+    assert set(result.processes) == set(SERVICES), table
     assert all(p["rss_after_mib"] > 0 for p in result.processes.values())
 
 
 def test_bench_abort_smoke(stack: Stack) -> None:
     """`bench abort` reads cancel -> freed from the scheduler's metrics (engine_steps_total)."""
-    from radixserve.services import bench_abort
+    from radixserve.bench import abort as bench_abort
 
     url = f"http://127.0.0.1:{stack.metrics_port + 1}/metrics"
     result = bench_abort.measure(stack.target, url, running=8, cancels=4, output_len=3000)

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from radixserve.services.bench_fuzz import ALLOWED, SEEDS, mutate
+from radixserve.bench.fuzz import ALLOWED, SEEDS, mutate
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 from svc_helpers import INTERNAL_SECRET, Stack, acollect, alive, collect, request
 
@@ -163,7 +163,8 @@ def test_fuzz_generate_with_mutated_bytes(stack: Stack) -> None:
 def test_bench_fuzz_smoke(stack: Stack) -> None:
     """`radixserve bench fuzz` for a few hundred requests: every status allowed, the probe after
     each batch served, all four services alive, the pool invariant at the end."""
-    from radixserve.services import bench_fuzz, bench_soak
+    from radixserve.bench import fuzz as bench_fuzz
+    from radixserve.bench.process import SERVICES
 
     cfg = bench_fuzz.FuzzConfig(stack.target, requests=300, concurrency=16, batch=100, seed=1)
     result = asyncio.run(bench_fuzz.run(cfg, serve_pid=stack.proc.pid, log=lambda _: None))
@@ -171,7 +172,7 @@ def test_bench_fuzz_smoke(stack: Stack) -> None:
     assert result.passed, table
     assert result.requests == 300 and result.batches == 3, table
     assert result.statuses.get("INVALID_ARGUMENT") and result.statuses.get("OK"), table
-    assert set(result.processes) == set(bench_soak.SERVICES), table
+    assert set(result.processes) == set(SERVICES), table
     assert [len(point) for point in result.rss_trace] == [6, 6, 6], result.rss_trace
 
 

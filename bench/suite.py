@@ -19,17 +19,17 @@ from typing import Any, Callable
 
 import torch
 
-from radixserve.engine.bench import latency, long, prefix
-from radixserve.engine.bench.common import device_name, print_table
-from radixserve.engine.bench.driver import build_core, drive, release
-from radixserve.engine.bench.models import write_model_dir
+from radixserve.bench import latency, long, prefix
+from radixserve.bench.common import device_name, print_table
+from radixserve.bench.driver import build_core, drive, release
+from radixserve.bench.models import write_model_dir
 from radixserve.engine.sampling.params import SamplingParams
 
 OFFLINE = dict(num=256, in_range=(100, 1024), out_range=(100, 1024), seed=0, temperature=0.6)
 
 
 def offline_requests(vocab: int) -> list[tuple[list[int], SamplingParams]]:
-    from radixserve.engine.bench.offline import make_requests
+    from radixserve.bench.offline import make_requests
 
     reqs = make_requests(OFFLINE["num"], OFFLINE["in_range"], OFFLINE["out_range"], vocab, OFFLINE["seed"])
     return [(p, SamplingParams(temperature=OFFLINE["temperature"], max_new_tokens=m, ignore_eos=True, seed=i))
@@ -50,7 +50,7 @@ def part_offline(path: Path, a: argparse.Namespace, overlap: bool = True) -> lis
 
 
 def part_offline_llm(path: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
-    from radixserve.engine.bench.offline import make_requests, run_engine
+    from radixserve.bench.offline import make_requests, run_engine
     from radixserve.engine.llm import LLM
 
     llm = LLM(str(path), load_format="dummy", max_running_requests=a.max_running, max_prefill_tokens=a.max_prefill)

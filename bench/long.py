@@ -14,9 +14,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from radixserve.engine.bench.common import device_name, print_table, write_json
-from radixserve.engine.bench.driver import build_core, drive, greedy_params, percentile, release
-from radixserve.engine.bench.models import write_model_dir
+from radixserve.bench.common import device_name, print_table, write_json
+from radixserve.bench.driver import build_core, drive, greedy_params, percentile, release
+from radixserve.bench.models import write_model_dir
 
 
 def run_one(model_dir: Path, args: argparse.Namespace, chunk: int) -> dict[str, Any]:

@@ -15,9 +15,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from radixserve.engine.bench.common import device_name, print_table, write_json
-from radixserve.engine.bench.driver import build_core, drive, greedy_params, median, release
-from radixserve.engine.bench.models import write_model_dir
+from radixserve.bench.common import device_name, print_table, write_json
+from radixserve.bench.driver import build_core, drive, greedy_params, median, release
+from radixserve.bench.models import write_model_dir
 from radixserve.engine.sampling.params import SamplingParams
 
 

@@ -4,7 +4,7 @@
 # The services also need grpcio-health-checking and grpcio-reflection wheels there (and grpcio /
 # protobuf at the versions the committed stubs were generated with); carry native/_prefix.abi3.so
 # (with a cffi wheel in .whl/) for the C++ radix tree, else the Python twin runs.
-#   bash engine/bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels
+#   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels
 # Results: $OUT/log.txt (everything), $OUT/results.jsonl (one JSON line per figure).
 set -u
 OUT=${OUT:-/tmp/gpu-out}
@@ -15,7 +15,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # radixserve.* import names map onto the project folders (setup.py's package-dir) through links.
 SHIM=/tmp/shim/radixserve
 mkdir -p "$SHIM"
-for pair in engine:engine native:native services:services client:clients/python/radixserve/client \
+for pair in engine:engine native:native services:services bench:bench client:clients/python/radixserve/client \
             v1:clients/python/radixserve/v1 internal:protos/gen/radixserve/internal; do
   ln -sfn "$PWD/${pair#*:}" "$SHIM/${pair%%:*}"
 done
@@ -35,7 +35,7 @@ stage() {  # stage NAME SECONDS CMD...: one stage's failure or timeout never sto
   timeout "$secs" "$@" 2>&1 | tee -a "$LOG" | grep -v -e '^DEBUG' -e 'Warning' | tail -n 40
   echo "=== $name done in $((SECONDS - t0))s, rc ${PIPESTATUS[0]}" | tee -a "$LOG"
 }
-SUITE=(python3 -m radixserve.engine.bench.suite --out "$OUT/results.jsonl")
+SUITE=(python3 -m radixserve.bench.suite --out "$OUT/results.jsonl")
 
 for s in "$@"; do
   case $s in
@@ -45,12 +45,12 @@ for s in "$@"; do
              tar czf /tmp/fi.tgz -C "$HOME" .cache/flashinfer; ls -la /tmp/fi.tgz | tee -a "$LOG"
              [ "$(stat -c %s /tmp/fi.tgz)" -le 62914560 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz.part"
            fi ;;
-    kernels) stage kernels 300 python3 -m radixserve.engine.bench.kernels --out "$OUT/results.jsonl" ;;
+    kernels) stage kernels 300 python3 -m radixserve.bench.kernels --out "$OUT/results.jsonl" ;;
     small) stage small 300 "${SUITE[@]}" --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
     big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline,no_overlap ;;
     extra) stage extra 400 "${SUITE[@]}" --model qwen3-0.6b --parts prefix,long,hf ;;
-    bench:*) b=${s#bench:}; stage "$s" 300 python3 -m radixserve.engine.bench.${b//:/ } ;;  # e.g. "bench:profile:--model:tiny"
-    py:*) b=${s#py:}; stage "$s" 580 python3 -m ${b//:/ } ;;  # any module, e.g. "py:radixserve.services.bench_soak:--clients:1000"
+    bench:*) b=${s#bench:}; stage "$s" 300 python3 -m radixserve.bench.${b//:/ } ;;  # e.g. "bench:profile:--model:tiny"
+    py:*) b=${s#py:}; stage "$s" 580 python3 -m ${b//:/ } ;;  # any module, e.g. "py:radixserve.bench.soak:--clients:1000"
     *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
   esac
 done

@@ -1,4 +1,4 @@
-"""`python -m radixserve.engine.bench.pressure`: admission policies under a constrained KV pool.
+"""`radixserve bench pressure`: admission policies under a constrained KV pool.
 
 Runs the same random requests through "reserve" and "optimistic" admission with `--num-pages` far
 below what the requests could use, and reports concurrency (running requests per step), retractions
@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixserve.engine.bench.common import device_name, print_table, write_json
-from radixserve.engine.bench.offline import make_requests
+from radixserve.bench.common import device_name, print_table, write_json
+from radixserve.bench.offline import make_requests
 from radixserve.engine.llm import LLM, resolve_model_path
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.sampling.params import SamplingParams
@@ -47,7 +47,7 @@ def run_policy(path: str, admission: str, requests: list[tuple[list[int], int]],
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="radixserve bench pressure", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="demo")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--requests", type=int, default=48)

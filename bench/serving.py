@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
-import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
+from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -73,17 +70,6 @@ class LevelResult:
     tpot_ms: dict[str, float]
     itl_ms: dict[str, float]
     e2e_ms: dict[str, float]
-
-
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
-    ordered = sorted(values)
-
-    def pick(q: float) -> float:
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
-
-    return {"mean": statistics.fmean(ordered) * 1000, "p50": pick(0.5), "p99": pick(0.99)}
 
 
 def _workload(cfg: BenchConfig, vocab: int) -> list[tuple[list[int], int]]:
@@ -153,9 +139,9 @@ async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrenc
     return LevelResult(
         concurrency=concurrency, completed=len(done), failed=len(records) - len(done),
         duration_s=duration, output_tok_s=tokens / duration, request_s=len(done) / duration,
-        ttft_ms=_percentiles([r.ttft_s for r in done]), tpot_ms=_percentiles(tpot),
-        itl_ms=_percentiles([g for r in done for g in r.itl_s]),
-        e2e_ms=_percentiles([r.e2e_s for r in done]),
+        ttft_ms=percentiles([r.ttft_s for r in done]), tpot_ms=percentiles(tpot),
+        itl_ms=percentiles([g for r in done for g in r.itl_s]),
+        e2e_ms=percentiles([r.e2e_s for r in done]),
     )
 
 
@@ -202,68 +188,6 @@ def offline_tok_s(model: str, cfg: BenchConfig, vocab: int) -> float:
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
 
 
-def add_stack_args(p: argparse.ArgumentParser) -> None:
-    """--target, --launch and --model: the stack a service benchmark drives."""
-    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
-    p.add_argument("--launch", action="store_true",
-                   help="start `radixserve serve` for the run (extra flags after --)")
-    p.add_argument("--model", default="demo", help="model for --launch")
-
-
-def parse_stack_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    """The parsed arguments and the flags after `--`, which only --launch may take (for `serve`)."""
-    args, extra = p.parse_known_args(argv)
-    extra = [a for a in extra if a != "--"]
-    if extra and not args.launch:
-        p.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args, extra
-
-
-@contextlib.contextmanager
-def stack(args: argparse.Namespace, serve_flags: list[str]) -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
-    """(gateway address, the `serve` process or None): launched with `serve_flags` under --launch
-    and stopped on the way out, else --target as given."""
-    if not args.launch:
-        yield args.target, None
-        return
-    proc, target = _launch(args.model, serve_flags)
-    try:
-        yield target, proc
-    finally:
-        proc.terminate()
-        proc.wait(60)
-
-
-def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `radixserve serve` on a free port and wait until its gateway is SERVING."""
-    import socket
-
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "radixserve.services.cli", "serve", "--model", model,
-            "--port", str(port), "--log-level", "WARNING", *extra]
-    proc = subprocess.Popen(argv)
-    target = f"127.0.0.1:{port}"
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise SystemExit(f"radixserve serve exited with {proc.returncode}")
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return proc, target
-            except grpc.RpcError:
-                pass  # not listening yet
-            time.sleep(0.2)
-    proc.terminate()
-    raise SystemExit("radixserve serve did not become ready")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixserve bench serving", description=__doc__.split("\n")[0])
     add_stack_args(p)
@@ -302,3 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_path, "w") as f:
             json.dump(payload, f, indent=2)
     return 1 if any(r.failed for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

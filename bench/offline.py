@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from radixserve.engine.bench.common import device_name, print_table, write_json
+from radixserve.bench.common import device_name, print_table, write_json
 from radixserve.engine.llm import LLM, resolve_model_path
 from radixserve.engine.sampling.params import SamplingParams
 

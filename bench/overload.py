@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
-from radixserve.services.bench_serving import _percentiles, add_stack_args, parse_stack_args, stack
+from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -119,8 +119,8 @@ async def run(cfg: OverloadConfig) -> dict[str, Any]:
 
 def format_table(cfg: OverloadConfig, result: dict[str, Any]) -> str:
     calm, loaded = result["unloaded"], result["overload"]
-    refused = _percentiles(loaded["refusals"])
-    itl_calm, itl_loaded = _percentiles(calm["itl"]), _percentiles(loaded["itl"])
+    refused = percentiles(loaded["refusals"])
+    itl_calm, itl_loaded = percentiles(calm["itl"]), percentiles(loaded["itl"])
     codes = loaded["codes"]
     timeouts = codes.get("DEADLINE_EXCEEDED", 0)
     ratio = itl_loaded["p99"] / itl_calm["p99"] if itl_calm["p99"] else float("nan")
@@ -166,3 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"config": asdict(cfg), "result": result}, f, indent=2)
     codes = result["overload"]["codes"]
     return 1 if codes.get("DEADLINE_EXCEEDED", 0) or set(codes) - {"OK", "RESOURCE_EXHAUSTED"} else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,9 +8,9 @@ import json
 import math
 import statistics
 
-from radixserve.engine.bench import profile
-from radixserve.engine.bench.driver import build_core
-from radixserve.engine.bench.models import write_model_dir
+from radixserve.bench import profile
+from radixserve.bench.driver import build_core
+from radixserve.bench.models import write_model_dir
 
 
 def test_profile_times_each_phase_and_returns_every_page(tmp_path):

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from radixserve.engine.bench.common import device_name, print_table, write_json
-from radixserve.engine.bench.driver import build_core, greedy_params, median, release
-from radixserve.engine.bench.models import write_model_dir
+from radixserve.bench.common import device_name, print_table, write_json
+from radixserve.bench.driver import build_core, greedy_params, median, release
+from radixserve.bench.models import write_model_dir
 from radixserve.engine.core import EngineCore
 
 PHASES = ("schedule", "forward", "wait", "process")
@@ -191,7 +191,7 @@ def profile_prefill(core: EngineCore, tokens: int, runs: int = 3,
 def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
     """The offline workload (docs/benchmarks.md, "Workloads"), steps grouped by kind: where its
     wall time goes."""
-    from radixserve.engine.bench.suite import offline_requests
+    from radixserve.bench.suite import offline_requests
 
     for i, (ids, params) in enumerate(offline_requests(core.model_info.vocab_size)):
         core.add_request(f"o{i}", ids, params)

@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from radixserve.services.bench_serving import add_stack_args, parse_stack_args, stack
-from radixserve.services.bench_soak import (_raise_fd_limit, _wait_idle, process_changes, process_table, sample,
-                                            service_pids)
+from radixserve.bench.process import (add_stack_args, parse_stack_args, process_changes, process_table,
+                                      raise_fd_limit, sample, service_pids, stack, wait_idle)
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -215,7 +214,7 @@ async def run(cfg: FuzzConfig, serve_pid: int | None = None, log: Any = print) -
         result.duration_s = time.monotonic() - start
         result.statuses = dict(sorted(statuses.items()))
         if not result.died:
-            result.invariant_ok, result.idle_info = await _wait_idle(stub, 30.0)
+            result.invariant_ok, result.idle_info = await wait_idle(stub, 30.0)
     result.processes = process_changes(pids, before, skip=tuple(result.died))
     return result
 
@@ -253,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_path", help="write the result here")
     args, extra = parse_stack_args(p, argv)
-    _raise_fd_limit()
+    raise_fd_limit()
     with stack(args, extra) as (target, proc):
         cfg = FuzzConfig(target, args.requests, args.concurrency, args.batch, args.timeout,
                          args.duration, args.seed)
@@ -264,3 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         payload: dict[str, Any] = {"config": asdict(cfg), "result": asdict(result)}
         Path(args.json_path).write_text(json.dumps(payload, indent=2))
     return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

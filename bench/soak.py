@@ -20,20 +20,18 @@ import asyncio
 import collections
 import json
 import math
-import os
 import random
-import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
-from radixserve.services.bench_serving import _percentiles, add_stack_args, parse_stack_args, stack
+from radixserve.bench.process import (add_stack_args, parse_stack_args, percentiles, process_changes,
+                                      process_table, raise_fd_limit, sample, service_pids, stack, wait_idle)
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
-SERVICES = ("gateway", "tokenizer", "scheduler", "detokenizer")
 STREAMS_PER_CHANNEL = 256
 
 
@@ -76,45 +74,6 @@ class SoakResult:
     @property
     def passed(self) -> bool:
         return self.invariant_ok and not self.wrong_count and not self.unexpected
-
-
-# -- process sampling (psutil when installed, else /proc) -----------------------------------------
-
-
-def service_pids(serve_pid: int) -> dict[str, int]:
-    """The four children of a `radixserve serve` process, by service name."""
-    found: dict[str, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) != serve_pid:
-            continue
-        words = [w.decode(errors="replace") for w in argv]
-        for name in SERVICES:
-            if name in words:
-                found[name] = int(entry.name)
-    return found
-
-
-def sample(pid: int) -> dict[str, float]:
-    """RSS in MiB and open file descriptors of `pid`."""
-    try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        return {"rss_mib": proc.memory_info().rss / 2**20, "fds": float(proc.num_fds())}
-    except ImportError:
-        pass
-    rss_kib = 0
-    for line in (Path("/proc") / str(pid) / "status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss_kib = int(line.split()[1])
-    return {"rss_mib": rss_kib / 1024, "fds": float(len(os.listdir(f"/proc/{pid}/fd")))}
 
 
 # -- the load ------------------------------------------------------------------------------------
@@ -200,41 +159,6 @@ class _Soak:
             await self._one(rng, stub)
 
 
-def process_changes(pids: dict[str, int], before: dict[str, dict[str, float]],
-                    skip: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
-    """RSS and fds of each service now against `before` (from `sample`); `skip` the dead ones."""
-    out = {}
-    for name, pid in pids.items():
-        if name not in skip:
-            after = sample(pid)
-            out[name] = {"rss_before_mib": before[name]["rss_mib"], "rss_after_mib": after["rss_mib"],
-                         "fds_before": before[name]["fds"], "fds_after": after["fds"]}
-    return out
-
-
-def process_table(processes: dict[str, dict[str, float]]) -> list[str]:
-    """The markdown rows of `process_changes`' result (none when no services were sampled)."""
-    if not processes:
-        return []
-    return ["", "| service | RSS before (MiB) | RSS after (MiB) | fds before | fds after |", "|---|---|---|---|---|",
-            *(f"| {name} | {p['rss_before_mib']:.0f} | {p['rss_after_mib']:.0f} | {p['fds_before']:.0f} | "
-              f"{p['fds_after']:.0f} |" for name, p in processes.items())]
-
-
-async def _wait_idle(stub: pb_grpc.GenerateServiceStub, timeout_s: float) -> tuple[bool, dict[str, int]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
-        fields = {f.name: getattr(info, f.name) for f in info.DESCRIPTOR.fields
-                  if isinstance(getattr(info, f.name), int)}
-        idle = (info.running_requests == 0 and info.waiting_requests == 0
-                and info.kv_pages_free + info.kv_pages_evictable == info.kv_pages_total
-                and info.gateway_live_requests == 0 and info.detokenizer_live_requests == 0)
-        if idle or time.monotonic() > deadline:
-            return idle, fields
-        await asyncio.sleep(0.1)
-
-
 async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
     pids = service_pids(serve_pid) if serve_pid else {}
     before = {name: sample(pid) for name, pid in pids.items()}
@@ -254,8 +178,8 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
         result = soak.result
         result.duration_s = time.monotonic() - start
         result.statuses = dict(sorted(soak.statuses.items()))
-        result.ttft_ms = _percentiles(soak.ttft)  # already in ms
-        result.invariant_ok, result.idle_info = await _wait_idle(stub, 30.0)
+        result.ttft_ms = percentiles(soak.ttft)  # already in ms
+        result.invariant_ok, result.idle_info = await wait_idle(stub, 30.0)
     finally:
         for channel in channels:
             await channel.close()
@@ -290,14 +214,6 @@ def format_table(cfg: SoakConfig, r: SoakResult) -> str:
     return "\n".join(rows)
 
 
-def _raise_fd_limit() -> None:
-    """Soft open-file limit up to the hard one, for this process and a --launch'ed stack (which
-    inherits it): a thousand clients must not fail on a 1024 default."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def _range(text: str) -> tuple[int, int]:
     lo, _, hi = text.partition("-")
     return int(lo), int(hi or lo)
@@ -318,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="client deadline per request (s)")
     p.add_argument("--json", dest="json_path", help="write the result here")
     args, extra = parse_stack_args(p, argv)
-    _raise_fd_limit()
+    raise_fd_limit()
     with stack(args, extra) as (target, proc):
         cfg = SoakConfig(target, args.clients, args.duration, args.cancel_share,
                          args.invalid_share, _range(args.input_len), _range(args.output_len),
@@ -329,3 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         payload: dict[str, Any] = {"config": asdict(cfg), "result": asdict(result)}
         Path(args.json_path).write_text(json.dumps(payload, indent=2))
     return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

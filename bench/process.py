@@ -1,0 +1,184 @@
+"""What the service benchmarks share: the stack they drive (--target, or `radixserve serve`
+started under --launch), latency percentiles, and the RSS / open files of the four services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+from radixserve.v1 import generate_pb2 as pb
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+SERVICES = ("gateway", "tokenizer", "scheduler", "detokenizer")
+
+
+# -- the stack -------------------------------------------------------------------------------------
+
+
+def add_stack_args(p: argparse.ArgumentParser) -> None:
+    """--target, --launch and --model: the stack a service benchmark drives."""
+    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
+    p.add_argument("--launch", action="store_true",
+                   help="start `radixserve serve` for the run (extra flags after --)")
+    p.add_argument("--model", default="demo", help="model for --launch")
+
+
+def parse_stack_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed arguments and the flags after `--`, which only --launch may take (for `serve`)."""
+    args, extra = p.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    if extra and not args.launch:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args, extra
+
+
+@contextlib.contextmanager
+def stack(args: argparse.Namespace, serve_flags: list[str]) -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
+    """(gateway address, the `serve` process or None): launched with `serve_flags` under --launch
+    and stopped on the way out, else --target as given."""
+    if not args.launch:
+        yield args.target, None
+        return
+    proc, target = _launch(args.model, serve_flags)
+    try:
+        yield target, proc
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `radixserve serve` on a free port and wait until its gateway is SERVING."""
+    import socket
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "radixserve.services.cli", "serve", "--model", model,
+            "--port", str(port), "--log-level", "WARNING", *extra]
+    proc = subprocess.Popen(argv)
+    target = f"127.0.0.1:{port}"
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"radixserve serve exited with {proc.returncode}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return proc, target
+            except grpc.RpcError:
+                pass  # not listening yet
+            time.sleep(0.2)
+    proc.terminate()
+    raise SystemExit("radixserve serve did not become ready")
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """Mean, p50 and p99 of `values`, times 1000 (seconds in, milliseconds out)."""
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
+
+    return {"mean": statistics.fmean(ordered) * 1000, "p50": pick(0.5), "p99": pick(0.99)}
+
+
+# -- process sampling (psutil when installed, else /proc) -----------------------------------------
+
+
+def service_pids(serve_pid: int) -> dict[str, int]:
+    """The four children of a `radixserve serve` process, by service name."""
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) != serve_pid:
+            continue
+        words = [w.decode(errors="replace") for w in argv]
+        for name in SERVICES:
+            if name in words:
+                found[name] = int(entry.name)
+    return found
+
+
+def sample(pid: int) -> dict[str, float]:
+    """RSS in MiB and open file descriptors of `pid`."""
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        return {"rss_mib": proc.memory_info().rss / 2**20, "fds": float(proc.num_fds())}
+    except ImportError:
+        pass
+    rss_kib = 0
+    for line in (Path("/proc") / str(pid) / "status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss_kib = int(line.split()[1])
+    return {"rss_mib": rss_kib / 1024, "fds": float(len(os.listdir(f"/proc/{pid}/fd")))}
+
+
+def process_changes(pids: dict[str, int], before: dict[str, dict[str, float]],
+                    skip: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
+    """RSS and fds of each service now against `before` (from `sample`); `skip` the dead ones."""
+    out = {}
+    for name, pid in pids.items():
+        if name not in skip:
+            after = sample(pid)
+            out[name] = {"rss_before_mib": before[name]["rss_mib"], "rss_after_mib": after["rss_mib"],
+                         "fds_before": before[name]["fds"], "fds_after": after["fds"]}
+    return out
+
+
+def process_table(processes: dict[str, dict[str, float]]) -> list[str]:
+    """The markdown rows of `process_changes`' result (none when no services were sampled)."""
+    if not processes:
+        return []
+    return ["", "| service | RSS before (MiB) | RSS after (MiB) | fds before | fds after |", "|---|---|---|---|---|",
+            *(f"| {name} | {p['rss_before_mib']:.0f} | {p['rss_after_mib']:.0f} | {p['fds_before']:.0f} | "
+              f"{p['fds_after']:.0f} |" for name, p in processes.items())]
+
+
+async def wait_idle(stub: pb_grpc.GenerateServiceStub, timeout_s: float) -> tuple[bool, dict[str, int]]:
+    """(idle, GetServerInfo's integer fields): idle once nothing runs or waits, every KV page is free
+    or evictable and neither the gateway nor the detokenizer holds a request; polled until `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+        fields = {f.name: getattr(info, f.name) for f in info.DESCRIPTOR.fields
+                  if isinstance(getattr(info, f.name), int)}
+        idle = (info.running_requests == 0 and info.waiting_requests == 0
+                and info.kv_pages_free + info.kv_pages_evictable == info.kv_pages_total
+                and info.gateway_live_requests == 0 and info.detokenizer_live_requests == 0)
+        if idle or time.monotonic() > deadline:
+            return idle, fields
+        await asyncio.sleep(0.1)
+
+
+def raise_fd_limit() -> None:
+    """Soft open-file limit up to the hard one, for this process and a --launch'ed stack (which
+    inherits it): a thousand clients must not fail on a 1024 default."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

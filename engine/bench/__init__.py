@@ -1,1 +1,0 @@
-"""Benchmarks (`radixserve bench <name>`): scripts that print tables, not tests."""
