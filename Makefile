@@ -8,7 +8,7 @@ TORCH   ?= torch==2.13.0
 PUBLIC_PROTOS   := $(wildcard protos/radixserve/v1/*.proto)
 INTERNAL_PROTOS := $(shell find protos/radixserve/internal -name '*.proto' 2>/dev/null)
 
-.PHONY: serve test install protos check-protos lint-protos lint-size clean
+.PHONY: serve test install protos check-protos lint lint-protos lint-size clean
 
 $(STAMP): pyproject.toml setup.py clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,10 @@ check-protos: protos
 
 clean:
 	rm -rf $(VENV) build *.egg-info clients/python/build clients/python/*.egg-info
+
+# Ruff over the Python sources (rules and exclusions in pyproject.toml; E501 at 100 columns).
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # Line budgets (docs/conventions.md #3, tools/line_budget.py): 300 code lines a file; servers, entry
 # points, client libraries and bench/ 450. tests/services/test_services_hygiene.py runs the same checker.
