@@ -27,14 +27,16 @@ from radixserve.bench.process import add_stack_args, parse_stack_args, percentil
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
-_METRIC = re.compile(r"^(radixserve_running_requests|radixserve_engine_steps_total) (\S+)$", re.MULTILINE)
+_METRIC = re.compile(r"^(radixserve_running_requests|radixserve_engine_steps_total) (\S+)$",
+                     re.MULTILINE)
 
 
 def scrape(url: str) -> tuple[int, int]:
     """(running requests, engine steps) from the scheduler's metrics."""
     with urllib.request.urlopen(url, timeout=5) as reply:
         found = dict(_METRIC.findall(reply.read().decode()))
-    return int(float(found["radixserve_running_requests"])), int(float(found["radixserve_engine_steps_total"]))
+    return (int(float(found["radixserve_running_requests"])),
+            int(float(found["radixserve_engine_steps_total"])))
 
 
 def measure(target: str, metrics_url: str, running: int, cancels: int, output_len: int,
@@ -91,7 +93,8 @@ def format_table(r: dict[str, Any]) -> str:
         "",
         "| cancel -> freed | p50 | p99 | max | target |", "|---|---|---|---|---|",
         f"| ms | {r['ms']['p50']:.1f} | {r['ms']['p99']:.1f} | | <= 100 p99 |",
-        f"| engine steps | {r['steps']['p50']} | {r['steps']['p99']} | {r['steps']['max']} | <= 2 |",
+        f"| engine steps | {r['steps']['p50']} | {r['steps']['p99']} | {r['steps']['max']} "
+        "| <= 2 |",
     ])
 
 
@@ -115,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]  # the gateway's metrics; the scheduler's is the next one
-        serve_flags = ["--max-running-requests", str(args.running), "--metrics-port", str(port), *extra]
+        serve_flags = ["--max-running-requests", str(args.running), "--metrics-port", str(port),
+                       *extra]
         url = f"http://127.0.0.1:{port + 1}/metrics"
     with stack(args, serve_flags) as (target, _):
         result = measure(target, url, args.running, args.cancels, args.output_len)

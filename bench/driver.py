@@ -9,13 +9,12 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import torch
-
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
 from radixserve.engine.sampling.params import SamplingParams
@@ -57,7 +56,8 @@ class Run:
         return out
 
     def ttft(self, rids: Sequence[str] | None = None) -> list[float]:
-        return [self.token_times[r][0] - self.submitted[r] for r in (rids or list(self.token_times))]
+        return [self.token_times[r][0] - self.submitted[r]
+                for r in (rids or list(self.token_times))]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -73,7 +73,7 @@ def median(values: list[float]) -> float:
 
 def drive(core: EngineCore, requests: Sequence[tuple[list[int], SamplingParams]],
           arrival_steps: Sequence[int] | None = None, prefix: str = "r") -> Run:
-    """Submit request i at step arrival_steps[i] (all at step 0 by default) and run to completion."""
+    """Submit request i at step arrival_steps[i] (default: all at step 0) and run to completion."""
     arrivals = list(arrival_steps) if arrival_steps is not None else [0] * len(requests)
     order = sorted(range(len(requests)), key=lambda i: arrivals[i])
     run = Run(0.0)
@@ -97,5 +97,7 @@ def drive(core: EngineCore, requests: Sequence[tuple[list[int], SamplingParams]]
     return run
 
 
-def greedy_params(max_new_tokens: int, temperature: float = 0.0, seed: int | None = None) -> SamplingParams:
-    return SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True, seed=seed)
+def greedy_params(max_new_tokens: int, temperature: float = 0.0,
+                  seed: int | None = None) -> SamplingParams:
+    return SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True,
+                          seed=seed)

@@ -1,4 +1,4 @@
-"""`radixserve bench fuzz`: many mutated Generate requests through the gateway, then liveness checks.
+"""`radixserve bench fuzz`: many mutated Generate requests via the gateway, then liveness checks.
 
 The fuzz target (docs/reliability.md, Targets): >= 10^6 mutated Generate requests with 0 crashes.
 Each request is raw bytes sent as a GenerateRequest: a valid seed request (SEEDS) or up to 64 random
@@ -28,8 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from radixserve.bench.process import (add_stack_args, parse_stack_args, process_changes, process_table,
-                                      raise_fd_limit, sample, service_pids, stack, wait_idle)
+from radixserve.bench.process import (
+    add_stack_args,
+    parse_stack_args,
+    process_changes,
+    process_table,
+    raise_fd_limit,
+    sample,
+    service_pids,
+    stack,
+    wait_idle,
+)
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 

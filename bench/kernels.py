@@ -50,7 +50,8 @@ def kv_store() -> list[dict[str, Any]]:
             with torch.cuda.graph(graph):
                 pool.store(0, loc, k, v)
             graphed[fused] = _bench(graph.replay) * 1e3
-        rows.append({"kernel": f"kv store T={T}", "fused_us": times[True], "index_copy_us": times[False],
+        rows.append({"kernel": f"kv store T={T}", "fused_us": times[True],
+                     "index_copy_us": times[False],
                      "fused_graph_us": graphed[True], "index_copy_graph_us": graphed[False]})
     return rows
 
@@ -60,20 +61,23 @@ def flashinfer_decode() -> list[dict[str, Any]]:
     from radixserve.engine.kvcache.pool import KVCachePool
 
     rows = []
-    for nh, B, ctx, P in ((16, 64, 1024, 16), (32, 64, 1024, 16), (16, 256, 1024, 16), (16, 64, 1024, 1)):
+    for nh, B, ctx, P in ((16, 64, 1024, 16), (32, 64, 1024, 16), (16, 256, 1024, 16),
+                          (16, 64, 1024, 1)):
         b = create_backend("flashinfer", nh, 8, 128, torch.device("cuda"), torch.bfloat16)
         pages = B * ctx // P
         pool = KVCachePool(1, pages, P, 8, 128, torch.bfloat16, torch.device("cuda"))
         pool.k.normal_(), pool.v.normal_()
         table = torch.randperm(pages, device="cuda").view(B, -1)
         table = (table[:, :, None] * P + torch.arange(P, device="cuda")).view(B, ctx)
-        lay = StepLayout(torch.arange(B, device="cuda"), [ctx - 1] * B, [ctx] * B, table[:, -1].contiguous(), table, P)
+        lay = StepLayout(torch.arange(B, device="cuda"), [ctx - 1] * B, [ctx] * B,
+                         table[:, -1].contiguous(), table, P)
         meta = b.prepare(lay)
         q = torch.randn(B, nh, 128, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(B, 8, 128, device="cuda", dtype=torch.bfloat16)
         us = _bench(lambda: b.forward(q, k, k, 0, meta, pool)) * 1e3
         gb = 2 * B * ctx * 8 * 128 * 2 / 1e9
-        rows.append({"kernel": f"flashinfer decode nh={nh} B={B} ctx={ctx} P={P}", "us": us, "TB_s": gb / us * 1e3})
+        rows.append({"kernel": f"flashinfer decode nh={nh} B={B} ctx={ctx} P={P}", "us": us,
+                     "TB_s": gb / us * 1e3})
     return rows
 
 
@@ -119,19 +123,21 @@ def _decode_shape(fi: Any, workspace: torch.Tensor, nh: int, B: int, ctx: int) -
             continue
         try:
             us, out = _graphed_decode(fi, workspace, tensor_cores, opts, q, caches, plan_args)
-        except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:  # one variant, not the part
+        # one variant, not the part
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
             row[f"{label}_skipped"] = f"{type(e).__name__}: {e}"[:200]
             continue
         ref = out if label == "default" else ref
         row[f"{label}_us"], row[f"{label}_TB_s"] = us, kv_bytes / us / 1e6
-        row[f"{label}_maxdiff"] = float((out.float() - ref.float()).abs().max()) if ref is not None else float("nan")
+        row[f"{label}_maxdiff"] = (float((out.float() - ref.float()).abs().max()) if ref is not None
+                                   else float("nan"))
     timed = [k for k in row if k.endswith("_us")]
     row["best"] = min(timed, key=lambda k: row[k]).removesuffix("_us") if timed else None
     return row
 
 
-def _graphed_decode(fi: Any, workspace: torch.Tensor, tensor_cores: bool, opts: dict[str, Any], q: torch.Tensor,
-                    caches: list[tuple[torch.Tensor, torch.Tensor]],
+def _graphed_decode(fi: Any, workspace: torch.Tensor, tensor_cores: bool, opts: dict[str, Any],
+                    q: torch.Tensor, caches: list[tuple[torch.Tensor, torch.Tensor]],
                     plan_args: tuple[torch.Tensor, ...]) -> tuple[float, torch.Tensor]:
     """Device us per call of one wrapper variant (one captured call per KV copy, as `_graphed_us`
     times the GEMVs), and its output on the first copy."""
@@ -144,7 +150,8 @@ def _graphed_decode(fi: Any, workspace: torch.Tensor, tensor_cores: bool, opts: 
         paged_kv_last_page_len_buffer=torch.empty(B, dtype=torch.int32, device="cuda"))
     wrapper.plan(indptr, indices, last, q.size(1), DECODE_NKV, DECODE_HD, DECODE_P,
                  q_data_type=q.dtype, kv_data_type=q.dtype, **opts)
-    out = wrapper.run(q, caches[0]).clone()  # (B, nh, hd); also the first JIT load, outside any capture
+    # (B, nh, hd); also the first JIT load, outside any capture
+    out = wrapper.run(q, caches[0]).clone()
     return _graphed_us(lambda cache: wrapper.run(q, cache), caches), out
 
 
@@ -169,12 +176,14 @@ def gemv() -> list[dict[str, Any]]:
             err = float((g.gemv(x, ws[0]).double() - ref).norm() / ref.norm())
             configs = {"heuristic": None, **{f"{bn}x{bk}w{nw}": (bn, bk, nw) for bn, bk, nw in
                                             ((1, 1024, 4), (2, 1024, 4), (4, 1024, 8), (8, 512, 4),
-                                             (8, 1024, 8), (16, 512, 8), (4, 2048, 8), (32, 256, 4))}}
+                                             (8, 1024, 8), (16, 512, 8), (4, 2048, 8),
+                                             (32, 256, 4))}}
             row: dict[str, Any] = {"kernel": f"gemv {name} N={N} K={K} M={M}", "rel_err": err}
             row["cublas_us"] = _graphed_us(lambda w: torch.nn.functional.linear(x, w), ws)
             for label, blocks in configs.items():
                 row[f"{label}_us"] = _graphed_us(lambda w, b=blocks: g.gemv(x, w, blocks=b), ws)
-            best = min((k for k in row if k.endswith("_us") and k != "cublas_us"), key=lambda k: row[k])
+            best = min((k for k in row if k.endswith("_us") and k != "cublas_us"),
+                       key=lambda k: row[k])
             row["best"], row["GB_s_best"] = best, N * K * 2 / row[best] / 1e3
             rows.append(row)
     return rows
@@ -204,7 +213,8 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as e:  # report and go on: each part is independent
             rows = [{"kernel": part.__name__, "error": f"{type(e).__name__}: {e}"[:300]}]
         for row in rows:
-            row = {"part": "kernels", "device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d %H:%M"), **row}
+            row = {"part": "kernels", "device": torch.cuda.get_device_name(0),
+                   "date": time.strftime("%Y-%m-%d %H:%M"), **row}
             print(json.dumps(row), flush=True)
             with open(a.out, "a") as f:
                 f.write(json.dumps(row) + "\n")

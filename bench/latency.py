@@ -22,12 +22,14 @@ from radixserve.bench.models import write_model_dir
 WARMUP_TOKENS = 8
 
 
-def engine_latency(model_dir: Path, batch: int, prompt_len: int, new_tokens: int, **config: Any) -> dict[str, Any]:
+def engine_latency(model_dir: Path, batch: int, prompt_len: int, new_tokens: int,
+                   **config: Any) -> dict[str, Any]:
     core = build_core(model_dir, max_running_requests=max(batch, 8), **config)
     try:
         rng = random.Random(0)
         vocab = core.model_info.vocab_size
-        make = lambda n: [([rng.randrange(min(vocab, 10000)) for _ in range(prompt_len)], greedy_params(n))
+        make = lambda n: [([rng.randrange(min(vocab, 10000)) for _ in range(prompt_len)],
+                           greedy_params(n))
                           for _ in range(batch)]
         drive(core, make(WARMUP_TOKENS * 2), prefix="w")  # warm-up: first steps, allocator, plans
         run = drive(core, make(new_tokens))
@@ -63,7 +65,8 @@ def hf_latency(model_dir: Path, prompt_len: int, new_tokens: int) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="radixserve bench latency", description=__doc__)
-    ap.add_argument("--model", default="qwen3-0.6b", help="a name from bench/models.py (random weights)")
+    ap.add_argument("--model", default="qwen3-0.6b",
+                    help="a name from bench/models.py (random weights)")
     ap.add_argument("--root", default="/tmp/radixserve-bench-models")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--prompt-len", type=int, default=128)
@@ -84,7 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.hf:
         rows.append(hf_latency(path, args.prompt_len, 32))
     print_table(f"decode latency: {args.model} on {device_name('auto')}", rows)
-    write_json(args.json, {"bench": "latency", "args": vars(args), "device": device_name("auto"), "rows": rows})
+    write_json(args.json,
+               {"bench": "latency", "args": vars(args), "device": device_name("auto"),
+                "rows": rows})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ def run_one(model_dir: Path, args: argparse.Namespace, chunk: int) -> dict[str, 
     shorts = [(ids(args.short_len), greedy_params(args.short_out)) for _ in range(args.num_short)]
     longs = [(ids(args.long_len), greedy_params(args.long_out)) for _ in range(args.num_long)]
     arrivals = [0] * len(shorts) + [args.long_every * (i + 1) for i in range(len(longs))]
-    core = build_core(model_dir, max_prefill_tokens=chunk, max_running_requests=args.num_short + args.num_long,
+    core = build_core(model_dir, max_prefill_tokens=chunk,
+                      max_running_requests=args.num_short + args.num_long,
                       attention_backend=args.attention_backend)
     try:
         drive(core, shorts[:2], prefix="w")  # warm-up
@@ -34,15 +35,17 @@ def run_one(model_dir: Path, args: argparse.Namespace, chunk: int) -> dict[str, 
         long_ids = [f"r{i}" for i in range(len(shorts), len(shorts) + len(longs))]
         itl = run.itl(short_ids)
         return {"chunked": chunk < args.long_len, "max_prefill_tokens": chunk, "wall_s": run.wall_s,
-                "short_itl_p50_ms": 1e3 * percentile(itl, 50), "short_itl_p99_ms": 1e3 * percentile(itl, 99),
-                "short_itl_max_ms": 1e3 * max(itl), "long_ttft_mean_s": sum(run.ttft(long_ids)) / len(long_ids)}
+                "short_itl_p50_ms": 1e3 * percentile(itl, 50),
+                "short_itl_p99_ms": 1e3 * percentile(itl, 99), "short_itl_max_ms": 1e3 * max(itl),
+                "long_ttft_mean_s": sum(run.ttft(long_ids)) / len(long_ids)}
     finally:
         release(core)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="radixserve bench long", description=__doc__)
-    ap.add_argument("--model", default="qwen3-0.6b", help="a name from bench/models.py (random weights)")
+    ap.add_argument("--model", default="qwen3-0.6b",
+                    help="a name from bench/models.py (random weights)")
     ap.add_argument("--root", default="/tmp/radixserve-bench-models")
     ap.add_argument("--num-short", type=int, default=32)
     ap.add_argument("--short-len", type=int, default=128)
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     path = write_model_dir(args.model, args.root)
     rows = [run_one(path, args, args.chunk), run_one(path, args, args.long_len + args.short_len)]
     print_table(f"long prompts among short ones: {args.model} on {device_name('auto')}", rows)
-    write_json(args.json, {"bench": "long", "args": vars(args), "device": device_name("auto"), "rows": rows})
+    write_json(args.json,
+               {"bench": "long", "args": vars(args), "device": device_name("auto"), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -34,21 +34,26 @@ QWEN3_COMMON: dict[str, Any] = {
 }
 
 CONFIGS: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": QWEN3_COMMON | {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "qwen3-0.6b": QWEN3_COMMON | {"hidden_size": 1024, "intermediate_size": 3072,
+                                  "num_hidden_layers": 28,
                                   "num_attention_heads": 16, "num_key_value_heads": 8,
                                   "tie_word_embeddings": True},
-    "qwen3-8b": QWEN3_COMMON | {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+    "qwen3-8b": QWEN3_COMMON | {"hidden_size": 4096, "intermediate_size": 12288,
+                                "num_hidden_layers": 36,
                                 "num_attention_heads": 32, "num_key_value_heads": 8,
                                 "tie_word_embeddings": False, "max_window_layers": 36},
     # not a public model: a smoke-test size for running the benchmarks on a CPU
-    "tiny": QWEN3_COMMON | {"vocab_size": 10240, "head_dim": 32, "hidden_size": 128, "intermediate_size": 256,
-                            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                            "tie_word_embeddings": True},
+    "tiny": QWEN3_COMMON | {"vocab_size": 10240, "head_dim": 32, "hidden_size": 128,
+                            "intermediate_size": 256,
+                            "num_hidden_layers": 2, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "tie_word_embeddings": True},
     "llama-3-8b": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32,
         "num_key_value_heads": 8, "hidden_act": "silu", "max_position_embeddings": 8192,
-        "rope_theta": 500000.0, "rms_norm_eps": 1e-05, "attention_bias": False, "tie_word_embeddings": False,
+        "rope_theta": 500000.0, "rms_norm_eps": 1e-05, "attention_bias": False,
+        "tie_word_embeddings": False,
         "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16",
     },
 }

@@ -131,11 +131,14 @@ def format_table(cfg: OverloadConfig, result: dict[str, Any]) -> str:
         f"input {cfg.input_len}, output {cfg.output_len} tokens"),
         "",
         "| figure | value | target |", "|---|---|---|",
-        f"| calls under overload | {sum(codes.values())} ({', '.join(f'{k} {v}' for k, v in sorted(codes.items()))}) | |",
-        f"| refusal latency p50 / p99 (ms) | {refused['p50']:.1f} / {refused['p99']:.1f} | p99 <= 10 |",
+        f"| calls under overload | {sum(codes.values())} "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(codes.items()))}) | |",
+        f"| refusal latency p50 / p99 (ms) | {refused['p50']:.1f} / {refused['p99']:.1f} "
+        "| p99 <= 10 |",
         f"| refusals with retry-after-ms | {loaded['hinted']} of {len(loaded['refusals'])} | all |",
         f"| unloaded ITL p50 / p99 (ms) | {itl_calm['p50']:.1f} / {itl_calm['p99']:.1f} | |",
-        (f"| admitted ITL p50 / p99 (ms) under overload | {itl_loaded['p50']:.1f} / {itl_loaded['p99']:.1f} "
+        (f"| admitted ITL p50 / p99 (ms) under overload | {itl_loaded['p50']:.1f} / "
+         f"{itl_loaded['p99']:.1f} "
         f"({ratio:.2f}x unloaded p99) | <= 1.5x |"),
         f"| timeouts without status | {timeouts} | 0 |",
     ]
@@ -143,7 +146,8 @@ def format_table(cfg: OverloadConfig, result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="radixserve bench overload", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="radixserve bench overload",
+                                description=__doc__.split("\n")[0])
     add_stack_args(p)
     p.add_argument("--max-running", type=int, default=8, help="the server's request slots")
     p.add_argument("--max-queued", type=int, default=8, help="the server's queue limit")
@@ -155,17 +159,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_path", help="write the result here")
     args, extra = parse_stack_args(p, argv)
-    admission = ["--max-running-requests", str(args.max_running), "--max-queued-requests", str(args.max_queued)]
+    admission = ["--max-running-requests", str(args.max_running), "--max-queued-requests",
+                 str(args.max_queued)]
     with stack(args, admission + extra) as (target, _):
         cfg = OverloadConfig(target, args.max_running, args.max_queued, args.factor,
-                             args.duration, args.input_len, args.output_len, args.timeout, args.seed)
+                             args.duration, args.input_len, args.output_len, args.timeout,
+                             args.seed)
         result = asyncio.run(run(cfg))
     print(format_table(cfg, result))
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump({"config": asdict(cfg), "result": result}, f, indent=2)
     codes = result["overload"]["codes"]
-    return 1 if codes.get("DEADLINE_EXCEEDED", 0) or set(codes) - {"OK", "RESOURCE_EXHAUSTED"} else 0
+    refused_otherwise = set(codes) - {"OK", "RESOURCE_EXHAUSTED"}
+    return 1 if codes.get("DEADLINE_EXCEEDED", 0) or refused_otherwise else 0
 
 
 if __name__ == "__main__":

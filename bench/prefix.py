@@ -43,14 +43,16 @@ def run_one(model_dir: Path, requests: list[tuple[list[int], SamplingParams]], c
         return {"cache": cache, "requests": len(requests), "wall_s": run.wall_s,
                 "output_tok_s": run.output_tokens / run.wall_s, "prompt_tok_s": prompt / run.wall_s,
                 "cached_share": run.cached_tokens / max(1, run.prompt_tokens),
-                "mean_ttft_s": sum(run.ttft()) / len(requests), "median_itl_ms": 1e3 * median(run.itl())}
+                "mean_ttft_s": sum(run.ttft()) / len(requests),
+                "median_itl_ms": 1e3 * median(run.itl())}
     finally:
         release(core)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="radixserve bench prefix", description=__doc__)
-    ap.add_argument("--model", default="qwen3-0.6b", help="a name from bench/models.py (random weights)")
+    ap.add_argument("--model", default="qwen3-0.6b",
+                    help="a name from bench/models.py (random weights)")
     ap.add_argument("--root", default="/tmp/radixserve-bench-models")
     ap.add_argument("--groups", type=int, default=64)
     ap.add_argument("--group-size", type=int, default=16)
@@ -63,13 +65,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     path = write_model_dir(args.model, args.root)
-    requests = make_requests(args.groups, args.group_size, args.prefix_len, args.question_len, args.output_len)
-    config = dict(max_running_requests=args.max_running_requests, max_prefill_tokens=args.max_prefill_tokens,
+    requests = make_requests(args.groups, args.group_size, args.prefix_len, args.question_len,
+                             args.output_len)
+    config = dict(max_running_requests=args.max_running_requests,
+                  max_prefill_tokens=args.max_prefill_tokens,
                   attention_backend=args.attention_backend)
     rows = [run_one(path, requests, cache, **config) for cache in ("radix", "naive")]
     rows[0]["speedup"] = rows[1]["wall_s"] / rows[0]["wall_s"]
     print_table(f"shared prefixes: {args.model} on {device_name('auto')}", rows)
-    write_json(args.json, {"bench": "prefix", "args": vars(args), "device": device_name("auto"), "rows": rows})
+    write_json(args.json,
+               {"bench": "prefix", "args": vars(args), "device": device_name("auto"), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.sampling.params import SamplingParams
 
 
-def run_policy(path: str, admission: str, requests: list[tuple[list[int], int]], args: argparse.Namespace
+def run_policy(path: str, admission: str, requests: list[tuple[list[int], int]],
+               args: argparse.Namespace
                ) -> tuple[dict[str, Any], list[list[int]]]:
-    llm = LLM(path, device=args.device, num_pages=args.num_pages, page_size=args.page_size, admission=admission)
+    llm = LLM(path, device=args.device, num_pages=args.num_pages, page_size=args.page_size,
+              admission=admission)
     core = llm.core
     core.add_request("warm-up", requests[0][0][:8], SamplingParams(max_new_tokens=2))
     while core.has_work():
@@ -47,13 +49,15 @@ def run_policy(path: str, admission: str, requests: list[tuple[list[int], int]],
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="radixserve bench pressure", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="radixserve bench pressure",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="demo")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--input-len", type=int, nargs=2, default=(16, 96))
     ap.add_argument("--output-len", type=int, nargs=2, default=(16, 128))
-    ap.add_argument("--num-pages", type=int, default=96, help="KV pool size in pages (kept small on purpose)")
+    ap.add_argument("--num-pages", type=int, default=96,
+                    help="KV pool size in pages (kept small on purpose)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--seed", type=int, default=0)
@@ -61,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     path = resolve_model_path(args.model)
     vocab = ModelArgs.from_folder(Path(path)).vocab_size
-    requests = make_requests(args.requests, tuple(args.input_len), tuple(args.output_len), vocab, args.seed)
+    requests = make_requests(args.requests, tuple(args.input_len), tuple(args.output_len), vocab,
+                             args.seed)
     demand = sum(-(-(len(p) + m) // args.page_size) for p, m in requests)
     rows, outs = [], []
     for admission in ("reserve", "optimistic"):
@@ -69,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         outs.append(out)
     assert outs[0] == outs[1], "admission policies produced different tokens"
-    print_table(f"KV pressure: {args.requests} requests needing {demand} pages in a pool of {args.num_pages}, "
+    print_table(f"KV pressure: {args.requests} requests needing {demand} pages in a pool of "
+                f"{args.num_pages}, "
                 f"page size {args.page_size}, {device_name(args.device)}", rows)
     write_json(args.json, {"args": vars(args), "demand_pages": demand, "results": rows})
 

@@ -34,7 +34,8 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo", help="model for --launch")
 
 
-def parse_stack_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+def parse_stack_args(p: argparse.ArgumentParser,
+                     argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     """The parsed arguments and the flags after `--`, which only --launch may take (for `serve`)."""
     args, extra = p.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
@@ -44,7 +45,8 @@ def parse_stack_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tupl
 
 
 @contextlib.contextmanager
-def stack(args: argparse.Namespace, serve_flags: list[str]) -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
+def stack(args: argparse.Namespace,
+          serve_flags: list[str]) -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
     """(gateway address, the `serve` process or None): launched with `serve_flags` under --launch
     and stopped on the way out, else --target as given."""
     if not args.launch:
@@ -146,7 +148,8 @@ def process_changes(pids: dict[str, int], before: dict[str, dict[str, float]],
     for name, pid in pids.items():
         if name not in skip:
             after = sample(pid)
-            out[name] = {"rss_before_mib": before[name]["rss_mib"], "rss_after_mib": after["rss_mib"],
+            out[name] = {"rss_before_mib": before[name]["rss_mib"],
+                         "rss_after_mib": after["rss_mib"],
                          "fds_before": before[name]["fds"], "fds_after": after["fds"]}
     return out
 
@@ -155,14 +158,18 @@ def process_table(processes: dict[str, dict[str, float]]) -> list[str]:
     """The markdown rows of `process_changes`' result (none when no services were sampled)."""
     if not processes:
         return []
-    return ["", "| service | RSS before (MiB) | RSS after (MiB) | fds before | fds after |", "|---|---|---|---|---|",
-            *(f"| {name} | {p['rss_before_mib']:.0f} | {p['rss_after_mib']:.0f} | {p['fds_before']:.0f} | "
+    return ["", "| service | RSS before (MiB) | RSS after (MiB) | fds before | fds after |",
+            "|---|---|---|---|---|",
+            *(f"| {name} | {p['rss_before_mib']:.0f} | {p['rss_after_mib']:.0f} | "
+              f"{p['fds_before']:.0f} | "
               f"{p['fds_after']:.0f} |" for name, p in processes.items())]
 
 
-async def wait_idle(stub: pb_grpc.GenerateServiceStub, timeout_s: float) -> tuple[bool, dict[str, int]]:
-    """(idle, GetServerInfo's integer fields): idle once nothing runs or waits, every KV page is free
-    or evictable and neither the gateway nor the detokenizer holds a request; polled until `timeout_s`."""
+async def wait_idle(stub: pb_grpc.GenerateServiceStub,
+                    timeout_s: float) -> tuple[bool, dict[str, int]]:
+    """(idle, GetServerInfo's integer fields): idle once nothing runs or waits, every KV page is
+    free or evictable and neither the gateway nor the detokenizer holds a request; polled until
+    `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
         info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)

@@ -21,7 +21,6 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-
 from radixserve.bench.common import device_name, print_table, write_json
 from radixserve.bench.driver import build_core, greedy_params, median, release
 from radixserve.bench.models import write_model_dir
@@ -87,7 +86,8 @@ def _kernel_rows(events: Any, cuda: bool, top: int) -> tuple[list[dict[str, Any]
              if (e.device_type.name == "CUDA") == cuda]
     total_us = sum(t for _, t in timed)
     timed.sort(key=lambda et: et[1], reverse=True)
-    rows = [{"kernel": e.key, "calls": e.count, "total_us": float(t), "share": t / total_us if total_us else 0.0}
+    rows = [{"kernel": e.key, "calls": e.count, "total_us": float(t),
+             "share": t / total_us if total_us else 0.0}
             for e, t in timed[:top]]
     return rows, total_us / 1e3
 
@@ -115,7 +115,8 @@ def _drain(core: EngineCore) -> None:
         core.step()
 
 
-def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int, trace: int) -> dict[str, Any]:
+def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int,
+                  trace: int) -> dict[str, Any]:
     _fill(core, batch, prompt_len, steps + trace)
     times = _timed_steps(core, steps)
     row: dict[str, Any] = {"batch": batch}
@@ -155,15 +156,16 @@ def _prefill_step(core: EngineCore, cuda: bool) -> dict[str, Any]:
     core._process(batch, out)
     t4 = time.perf_counter()
     row: dict[str, Any] = {"tokens": batch.num_tokens, "requests": len(batch)}
-    row.update({f"{k}_ms": 1e3 * (b - a) for k, a, b in zip(PHASES, (t0, t1, t2, t3), (t1, t2, t3, t4))})
+    row.update({f"{k}_ms": 1e3 * (b - a)
+                for k, a, b in zip(PHASES, (t0, t1, t2, t3), (t1, t2, t3, t4))})
     row["step_ms"] = 1e3 * (t4 - t0)
     return row
 
 
 def profile_prefill(core: EngineCore, tokens: int, runs: int = 3,
                     top: int = 25) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """One prefill step of `tokens` under torch.profiler, then `runs` plain ones. Returns one row per
-    step (profiled, each plain run, plain medians) and the profiled step's top kernels."""
+    """One prefill step of `tokens` under torch.profiler, then `runs` plain ones. Returns one row
+    per step (profiled, each plain run, plain medians) and the profiled step's top kernels."""
     from torch.profiler import profile
 
     cuda = _on_cuda(core)
@@ -180,10 +182,12 @@ def profile_prefill(core: EngineCore, tokens: int, runs: int = 3,
     rows = [{"run": "profiled", **traced, "kernels_ms": kernels_ms}]
     for i in range(runs):
         _add_prefill(core, tokens, seed=2 + i)
-        rows.append({"run": f"plain {i + 1}", **_prefill_step(core, cuda), "kernels_ms": float("nan")})
+        rows.append({"run": f"plain {i + 1}", **_prefill_step(core, cuda),
+                     "kernels_ms": float("nan")})
         _drain(core)
     plain = rows[1:]
-    rows.append({k: median([r[k] for r in plain]) if k.endswith("_ms") else v for k, v in plain[0].items()})
+    rows.append({k: median([r[k] for r in plain]) if k.endswith("_ms") else v
+                 for k, v in plain[0].items()})
     rows[-1].update(run="plain median", kernels_ms=float("nan"))
     return rows, kernels
 
@@ -201,7 +205,8 @@ def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
     while core.has_work():
         t0 = time.perf_counter()
         core.step()
-        if core._in_flight is None:  # nothing launched (with overlap on, the launched step waits there)
+        # nothing launched (with overlap on, the launched step waits there)
+        if core._in_flight is None:
             continue
         batch = core._in_flight[0]
         tokens = sum(s - p for s, p in zip(batch.seq_lens, batch.prefix_lens))
@@ -209,33 +214,39 @@ def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
         kinds[kind].append(time.perf_counter() - t0)
         rows[kind].append(len(batch.reqs))
     wall = time.perf_counter() - start
-    out = [{"kind": k, "steps": len(v), "total_s": sum(v), "share": sum(v) / wall, "median_ms": 1e3 * median(v),
+    out = [{"kind": k, "steps": len(v), "total_s": sum(v), "share": sum(v) / wall,
+            "median_ms": 1e3 * median(v),
             "mean_rows": sum(rows[k]) / len(v)} for k, v in kinds.items()]
     # Decode steps by batch size band: the long tail of a shrinking batch costs steps, not tokens.
     for lo, hi in ((1, 32), (33, 128), (129, 1 << 20)):
         band = [t for t, b in zip(kinds["decode"], rows["decode"]) if lo <= b <= hi]
         if band:
-            out.append({"kind": f"decode rows {lo}-{min(hi, 256)}", "steps": len(band), "total_s": sum(band),
-                        "share": sum(band) / wall, "median_ms": 1e3 * median(band), "mean_rows": float("nan")})
-    out.append({"kind": "all", "steps": sum(len(v) for v in kinds.values()), "total_s": wall, "share": 1.0,
-                "median_ms": float("nan"), "mean_rows": float("nan")})
+            out.append({"kind": f"decode rows {lo}-{min(hi, 256)}", "steps": len(band),
+                        "total_s": sum(band),
+                        "share": sum(band) / wall, "median_ms": 1e3 * median(band),
+                        "mean_rows": float("nan")})
+    out.append({"kind": "all", "steps": sum(len(v) for v in kinds.values()), "total_s": wall,
+                "share": 1.0, "median_ms": float("nan"), "mean_rows": float("nan")})
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="radixserve bench profile", description=__doc__)
-    ap.add_argument("--model", default="qwen3-0.6b", help="a name from bench/models.py (random weights)")
+    ap.add_argument("--model", default="qwen3-0.6b",
+                    help="a name from bench/models.py (random weights)")
     ap.add_argument("--root", default="/tmp/radixserve-bench-models")
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--trace", type=int, default=0, help="also profile this many steps with torch.profiler")
+    ap.add_argument("--trace", type=int, default=0,
+                    help="also profile this many steps with torch.profiler")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-cuda-graph", action="store_true")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--offline", action="store_true", help="profile the offline workload instead")
     mode.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
-                      help=f"profile one prefill step of {PREFILL_REQUESTS} prompts totalling TOKENS instead")
+                      help=f"profile one prefill step of {PREFILL_REQUESTS} prompts totalling "
+                           "TOKENS instead")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.prefill < 0:
@@ -243,7 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     # A prefill step must hold every prompt: one slot each, and a token budget that takes them all.
     slots = max(*batches, PREFILL_REQUESTS) if args.prefill else max(batches)
-    core = build_core(write_model_dir(args.model, args.root), device=args.device, max_running_requests=slots,
+    core = build_core(write_model_dir(args.model, args.root), device=args.device,
+                      max_running_requests=slots,
                       cuda_graph=not args.no_cuda_graph, max_prefill_tokens=max(8192, args.prefill))
     kernels: list[dict[str, Any]] = []
     title = f"decode step profile (medians): {args.model} on {device_name(args.device)}"
@@ -252,9 +264,11 @@ def main(argv: list[str] | None = None) -> None:
             rows = profile_offline(core)
         elif args.prefill:
             rows, kernels = profile_prefill(core, args.prefill)
-            title = f"prefill step of {args.prefill} tokens: {args.model} on {device_name(args.device)}"
+            title = (f"prefill step of {args.prefill} tokens: {args.model} on "
+                     f"{device_name(args.device)}")
         else:
-            rows = [profile_batch(core, b, args.prompt_len, args.steps, args.trace) for b in batches]
+            rows = [profile_batch(core, b, args.prompt_len, args.steps, args.trace)
+                    for b in batches]
     finally:
         release(core)
     if kernels:
@@ -262,7 +276,8 @@ def main(argv: list[str] | None = None) -> None:
                     [{**k, "kernel": k["kernel"][:100]} for k in kernels])
     print_table(title, rows)
     extra = {"kernels": kernels} if args.prefill else {}
-    write_json(args.json, {"bench": "profile", "args": vars(args), "device": device_name(args.device),
+    write_json(args.json,
+               {"bench": "profile", "args": vars(args), "device": device_name(args.device),
                            "rows": rows, **extra})
 
 

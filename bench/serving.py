@@ -181,7 +181,8 @@ def offline_tok_s(model: str, cfg: BenchConfig, vocab: int) -> float:
 
     work = _workload(cfg, vocab)
     llm = LLM(model, max_running_requests=max(cfg.concurrencies))
-    params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=m, ignore_eos=True) for _, m in work]
+    params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=m, ignore_eos=True)
+              for _, m in work]
     llm.generate([work[0][0]], SamplingParams(max_new_tokens=2))  # warm-up, as the gateway run does
     start = time.perf_counter()
     outs = llm.generate([p for p, _ in work], params)
@@ -203,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=1, help="completions per request (sampling.n)")
     p.add_argument("--offline-baseline", action="store_true",
                    help="after the serving run, run the same requests through the offline engine "
-                        "(--model, engine defaults, slots = the largest concurrency) and report the ratio")
+                        "(--model, engine defaults, slots = the largest concurrency) and report "
+                        "the ratio")
     p.add_argument("--json", dest="json_path", help="write the results here")
     args, extra = parse_stack_args(p, argv)
     if args.n > 1 and args.offline_baseline:

@@ -27,8 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from radixserve.bench.process import (add_stack_args, parse_stack_args, percentiles, process_changes,
-                                      process_table, raise_fd_limit, sample, service_pids, stack, wait_idle)
+from radixserve.bench.process import (
+    add_stack_args,
+    parse_stack_args,
+    percentiles,
+    process_changes,
+    process_table,
+    raise_fd_limit,
+    sample,
+    service_pids,
+    stack,
+    wait_idle,
+)
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -110,7 +120,8 @@ class _Soak:
     async def _one(self, rng: random.Random, stub: pb_grpc.GenerateServiceStub) -> None:
         draw = rng.random()
         kind = ("invalid" if draw < self.cfg.invalid_share
-                else "cancel" if draw < self.cfg.invalid_share + self.cfg.cancel_share else "normal")
+                else "cancel" if draw < self.cfg.invalid_share + self.cfg.cancel_share
+                else "normal")
         req, n_out = self._request(rng, kind)
         cancel_at = rng.randrange(n_out) if kind == "cancel" else -1  # tokens seen before cancel
         t0 = time.monotonic()
@@ -165,7 +176,8 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
     # One connection per STREAMS_PER_CHANNEL clients: the gateway serves at most 1024 streams per
     # connection (more wait in the client, which would count as TTFT); a local subchannel pool
     # keeps grpc from sharing one connection between channels to the same target.
-    channels = [grpc.aio.insecure_channel(cfg.target, options=[("grpc.use_local_subchannel_pool", 1)])
+    channels = [grpc.aio.insecure_channel(cfg.target,
+                                          options=[("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(math.ceil(cfg.clients / STREAMS_PER_CHANNEL))]
     try:
         stub = pb_grpc.GenerateServiceStub(channels[0])
@@ -200,8 +212,10 @@ def format_table(cfg: SoakConfig, r: SoakResult) -> str:
         f"| normal, exact token count | {r.exact} |",
         f"| normal, wrong token count | {r.wrong_count} |",
         f"| unexpected status | {r.unexpected} |",
-        f"| output tokens (tok/s) | {r.output_tokens} ({r.output_tokens / max(r.duration_s, 1e-9):.0f}) |",
-        f"| TTFT p50 / p99 (ms, normal) | {r.ttft_ms.get('p50', 0):.0f} / {r.ttft_ms.get('p99', 0):.0f} |",
+        f"| output tokens (tok/s) | {r.output_tokens} "
+        f"({r.output_tokens / max(r.duration_s, 1e-9):.0f}) |",
+        f"| TTFT p50 / p99 (ms, normal) | {r.ttft_ms.get('p50', 0):.0f} / "
+        f"{r.ttft_ms.get('p99', 0):.0f} |",
         "",
         "| pool at the end | value |", "|---|---|",
         *(f"| {k} | {r.idle_info.get(k, 0)} |" for k in (
