@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\n[cancelled]", file=sys.stderr)
             return 130
         shell.say(
-            f"connected to {args.target}: model {info.model_name or '?'}, context {info.max_context}"
+            f"connected to {args.target}: model {info.model_name or '?'}, context "
+            f"{info.max_context}"
         )
         if not conv.chat:
             shell.say("the model has no chat template: turns are sent as a plain-text transcript")

@@ -62,7 +62,7 @@ def generate_request(
     o: GenerateOptions,
 ) -> pb.GenerateRequest:
     """Build a GenerateRequest, setting only what the caller gave so server defaults apply."""
-    # TypedDict keywords are not checked at run time; a typo must not silently fall back to a default.
+    # TypedDict keywords are not checked at run time: a typo must not silently become a default.
     unknown = set(o) - _OPTION_NAMES
     if unknown:
         raise TypeError(f"unexpected generate option(s): {', '.join(sorted(unknown))}")
@@ -77,7 +77,7 @@ def generate_request(
     elif messages is not None:
         req.chat.CopyFrom(chat_messages(messages, o.get("add_generation_prompt")))
 
-    # Setting a proto3 optional scalar marks it present, so 0 reaches the server as "0", not "unset".
+    # Setting a proto3 optional scalar marks it present: 0 reaches the server as "0", not "unset".
     for name in _SAMPLING_FIELDS:
         value = o.get(name)
         if value is not None:
