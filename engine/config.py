@@ -15,7 +15,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str
-    device: str = "auto"  # "auto" resolves to cuda when available, else cpu (resolved by the caller)
+    # "auto" resolves to cuda when available, else cpu (resolved by the caller)
+    device: str = "auto"
     dtype: str = "auto"  # "auto": the checkpoint's dtype on GPU, float32 on CPU
     page_size: int = 16
     max_prefill_tokens: int = 4096  # per-step token budget for prefill chunks
@@ -28,7 +29,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     schedule_policy: SchedulePolicy = "fcfs"
     # "optimistic": admit on prompt + an estimated share of the output, retract under KV pressure
-    # (outputs unchanged); "reserve": reserve pages for max_new_tokens up front (scheduler/admission.py)
+    # (outputs unchanged); "reserve": reserve pages for max_new_tokens up front
+    # (see scheduler/admission.py)
     admission: AdmissionPolicy = "optimistic"
     tp_size: int = 1
     tp_rank: int = 0
@@ -56,7 +58,8 @@ class EngineConfig:
         if self.cuda_graph_max_batch < 1:
             raise ValueError("cuda_graph_max_batch must be >= 1")
         if self.schedule_policy not in ("fcfs", "lpm"):
-            raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
+            raise ValueError("schedule_policy must be 'fcfs' or 'lpm', got "
+                             f"{self.schedule_policy!r}")
         if self.admission not in ("reserve", "optimistic"):
             raise ValueError(f"admission must be 'reserve' or 'optimistic', got {self.admission!r}")
         if self.dtype not in DTYPES:

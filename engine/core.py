@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import torch
-
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.distributed.launch import TPLeader, building
-from radixserve.engine.model_runner import ForwardOutput, ModelRunner
 from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
+from radixserve.engine.model_runner import ForwardOutput, ModelRunner
 from radixserve.engine.models.config import ModelArgs
-from radixserve.engine.request import Req, ReqStatus
+from radixserve.engine.request import Req
 from radixserve.engine.sampling.params import FinishReason, InvalidRequestError, SamplingParams
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.scheduler import Scheduler
@@ -87,7 +86,8 @@ class EngineCore:
         # With tp_size > 1 this process is rank 0: it spawns the others and broadcasts every step.
         self.tp = TPLeader(config, self.args, device) if config.tp_size > 1 else None
         with building(self.tp):
-            self.runner = ModelRunner(config, self.args, self.tp.device if self.tp else device, dtype, eos)
+            self.runner = ModelRunner(config, self.args, self.tp.device if self.tp else device,
+                                      dtype, eos)
         self.model_info = ModelInfo(folder.name, self.args.architecture, self.args.vocab_size,
                                     self.runner.max_context, eos, str(dtype).removeprefix("torch."))
         self.allocator = PageAllocator(self.runner.num_pages)
@@ -112,13 +112,17 @@ class EngineCore:
             raise InvalidRequestError("prompt is empty")
         bad = next((t for t in prompt_ids if not 0 <= t < info.vocab_size), None)
         if bad is not None:
-            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})")
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, "
+                                      f"{info.vocab_size})")
         n = len(prompt_ids)
         if n >= info.max_context:
-            raise InvalidRequestError(f"prompt has {n} tokens; the model context is {info.max_context}")
-        max_new = params.max_new_tokens if params.max_new_tokens is not None else info.max_context - n
+            raise InvalidRequestError(f"prompt has {n} tokens; the model context is "
+                                      f"{info.max_context}")
+        max_new = (params.max_new_tokens if params.max_new_tokens is not None
+                   else info.max_context - n)
         if n + max_new > info.max_context:
-            raise InvalidRequestError(f"{n} tokens in prompt, {max_new} requested, limit {info.max_context}")
+            raise InvalidRequestError(f"{n} tokens in prompt, {max_new} requested, limit "
+                                      f"{info.max_context}")
         need = self.scheduler.lifetime_pages(n, max_new)
         if need > self.runner.num_pages:
             raise InvalidRequestError(
@@ -196,7 +200,7 @@ class EngineCore:
         return [TokenLogprobs(float(s.logprobs[j]), top)]
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do on one rank); the core is unusable after."""
+        """Stop tensor-parallel workers (nothing to do on one rank); the core is unusable after."""
         if self.tp is not None:
             self.tp.close()
 
@@ -217,7 +221,7 @@ class EngineCore:
         }
 
     def check_integrity(self) -> None:
-        """The pool invariant: when idle, free + evictable + protected pages == total, no slot held."""
+        """Pool invariant: when idle, free + evictable + protected pages == total, no slot held."""
         self.cache.check_integrity()
         if self.has_work():
             return
@@ -225,5 +229,6 @@ class EngineCore:
         total = s["kv_pages_free"] + s["kv_pages_evictable"] + s["kv_pages_protected"]
         assert total == s["kv_pages_total"], f"KV pages leaked: {s}"
         assert s["kv_pages_protected"] == 0, f"idle engine still protects pages: {s}"
-        assert self.runner.table.num_free_slots == self.config.max_running_requests, "request slot leaked"
+        assert self.runner.table.num_free_slots == self.config.max_running_requests, (
+            "request slot leaked")
         assert not self._reqs, f"requests left behind: {list(self._reqs)[:5]}"

@@ -13,7 +13,6 @@ import bisect
 import logging
 
 import torch
-
 from radixserve.engine.attention import AttentionBackend, AttentionMetadata, StepLayout
 from radixserve.engine.context import ForwardContext, forward_context
 from radixserve.engine.kvcache.pool import KVCachePool
@@ -24,14 +23,18 @@ log = logging.getLogger(__name__)
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then steps of 8 to 64, of 16 to 256, of 32 beyond (padding waste under 20% past 8)."""
-    sizes = [1, 2, 4, 8] + list(range(16, 65, 8)) + list(range(80, 257, 16)) + list(range(288, 1025, 32))
+    """1, 2, 4, 8, then steps of 8 to 64, of 16 to 256, of 32 beyond.
+
+    Padding waste stays under 20% past 8."""
+    sizes = ([1, 2, 4, 8] + list(range(16, 65, 8)) + list(range(80, 257, 16))
+             + list(range(288, 1025, 32)))
     out = [s for s in sizes if s < max_batch]
     return out + [max_batch] if max_batch >= 1 else out
 
 
 class CudaGraphRunner:
-    def __init__(self, model: CausalLM, backend: AttentionBackend, kv_pool: KVCachePool, table: TableManager,
+    def __init__(self, model: CausalLM, backend: AttentionBackend, kv_pool: KVCachePool,
+                 table: TableManager,
                  batch_sizes: list[int], dummy_page: int, stream: torch.cuda.Stream) -> None:
         assert batch_sizes, "no batch sizes to capture"
         self.model, self.backend, self.kv_pool, self.table = model, backend, kv_pool, table
@@ -41,7 +44,8 @@ class CudaGraphRunner:
         self.dummy_loc = dummy_page * kv_pool.page_size
         dev = table.page_table.device
         G = self.max_batch
-        self.inputs = torch.zeros(3, G, dtype=torch.int64, device=dev)  # rows: slot, position, valid
+        # rows: slot, position, valid
+        self.inputs = torch.zeros(3, G, dtype=torch.int64, device=dev)
         self.out_loc = torch.full((G,), self.dummy_loc, dtype=torch.int64, device=dev)
         P = kv_pool.page_size
         backend.init_cuda_graph(G, table.width // P, P, dummy_page)
@@ -49,7 +53,7 @@ class CudaGraphRunner:
         self.logits: dict[int, torch.Tensor] = {}  # (bs, V) outputs, owned by the graph pool
 
     def capture(self, progress: bool = True) -> int:
-        """Capture every size (largest first, so smaller ones reuse its pool). Returns bytes taken."""
+        """Capture every size (largest first: smaller ones reuse its pool). Returns bytes taken."""
         from tqdm import tqdm
 
         dev = self.inputs.device
@@ -93,7 +97,8 @@ class CudaGraphRunner:
         bs = self.sizes[bisect.bisect_left(self.sizes, B)]
         host = torch.zeros(3, bs, dtype=torch.int64)
         host[0, :B] = torch.tensor(slots, dtype=torch.int64)
-        host[1, :B] = torch.tensor(layout.prefix_lens, dtype=torch.int64)  # the one new token's position
+        # the one new token's position
+        host[1, :B] = torch.tensor(layout.prefix_lens, dtype=torch.int64)
         host[2, :B] = 1
         self.inputs[:, :bs].copy_(host, non_blocking=True)
         self.backend.plan_graph(bs, layout)

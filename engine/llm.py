@@ -44,13 +44,15 @@ class LLM:
         self._ids = itertools.count()
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[GenerationOutput]:
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ) -> list[GenerationOutput]:
         from radixserve.engine.detokenize import IncrementalDetokenizer
 
         if isinstance(prompts, str):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
-        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        params_list = ([params] * len(prompts) if isinstance(params, SamplingParams)
+                       else list(params))
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         outputs: dict[str, GenerationOutput] = {}
@@ -81,7 +83,8 @@ class LLM:
                         self.core.abort(step.rid)
                         out.finish_reason, out.matched_stop = "stop_string", delta.stopped
                 if out.finish_reason is None and step.finish_reason is not None:
-                    out.finish_reason, out.matched_stop = step.finish_reason, step.matched_stop_token
+                    out.finish_reason = step.finish_reason
+                    out.matched_stop = step.matched_stop_token
                     if not detok.watches_stops:  # one decode at the end instead of one per token
                         out.text = detok.push(out.token_ids).text
                     out.text += detok.flush()

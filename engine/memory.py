@@ -14,7 +14,6 @@ import logging
 from typing import NamedTuple
 
 import torch
-
 from radixserve.engine.attention import AttentionBackend, StepLayout
 from radixserve.engine.context import ForwardContext, forward_context
 from radixserve.engine.kvcache.pool import KVCachePool
@@ -34,12 +33,14 @@ class MemoryPlan(NamedTuple):
     num_pages: int
 
 
-def kv_page_bytes(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+def kv_page_bytes(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int,
+                  dtype: torch.dtype) -> int:
     return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
 
 
 @torch.inference_mode()
-def profile_activation_bytes(model: CausalLM, backend: AttentionBackend, num_tokens: int, num_logit_rows: int,
+def profile_activation_bytes(model: CausalLM, backend: AttentionBackend, num_tokens: int,
+                             num_logit_rows: int,
                              page_size: int, dtype: torch.dtype, device: torch.device) -> int:
     args = model.args
     attn = model.model.layers[0].self_attn
@@ -47,8 +48,8 @@ def profile_activation_bytes(model: CausalLM, backend: AttentionBackend, num_tok
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    pool = KVCachePool(args.num_layers, -(-T // page_size), page_size, attn.num_kv_heads, args.head_dim,
-                       dtype, device)
+    pool = KVCachePool(args.num_layers, -(-T // page_size), page_size, attn.num_kv_heads,
+                       args.head_dim, dtype, device)
     locs = torch.arange(T, device=device)
     layout = StepLayout(torch.zeros(1, dtype=torch.int64, device=device), [0], [T], locs,
                         locs.view(1, T), page_size)
@@ -65,11 +66,13 @@ def profile_activation_bytes(model: CausalLM, backend: AttentionBackend, num_tok
     return max(0, peak)
 
 
-def graph_reserve_bytes(batch_sizes: list[int], vocab_size: int, dtype: torch.dtype, max_pages_per_req: int) -> int:
+def graph_reserve_bytes(batch_sizes: list[int], vocab_size: int, dtype: torch.dtype,
+                        max_pages_per_req: int) -> int:
     if not batch_sizes:
         return 0
     logits = sum(batch_sizes) * vocab_size * dtype.itemsize
-    return logits + len(batch_sizes) * GRAPH_WRAPPER_BYTES + max(batch_sizes) * max_pages_per_req * 4 + GRAPH_SLACK_BYTES
+    return (logits + len(batch_sizes) * GRAPH_WRAPPER_BYTES
+            + max(batch_sizes) * max_pages_per_req * 4 + GRAPH_SLACK_BYTES)
 
 
 def plan_kv_pages(page_bytes: int, memory_fraction: float, activation_bytes: int, graph_bytes: int,
@@ -82,8 +85,10 @@ def plan_kv_pages(page_bytes: int, memory_fraction: float, activation_bytes: int
     pages = kv // page_bytes
     if pages < 2:
         raise RuntimeError(f"no room for the KV cache: {free / 2**30:.1f} GiB free, activations "
-                           f"{activation_bytes / 2**30:.2f} GiB, graphs {graph_bytes / 2**30:.2f} GiB")
+                           f"{activation_bytes / 2**30:.2f} GiB, graphs {graph_bytes / 2**30:.2f} "
+                           "GiB")
     plan = MemoryPlan(free, activation_bytes, graph_bytes, pages * page_bytes, pages)
-    log.info("KV pool: %d pages, %.2f GiB (free %.2f GiB, activations %.2f GiB, graphs %.2f GiB)", pages,
+    log.info("KV pool: %d pages, %.2f GiB (free %.2f GiB, activations %.2f GiB, graphs %.2f GiB)",
+             pages,
              plan.kv_bytes / 2**30, free / 2**30, activation_bytes / 2**30, graph_bytes / 2**30)
     return plan

@@ -17,7 +17,6 @@ import logging
 from dataclasses import dataclass
 
 import torch
-
 from radixserve.engine.attention import StepLayout, create_backend
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.context import ForwardContext, forward_context
@@ -25,13 +24,17 @@ from radixserve.engine.cuda_graph import CudaGraphRunner, graph_batch_sizes
 from radixserve.engine.distributed import get_comm
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.kvcache.table import TableManager
-from radixserve.engine.memory import (graph_reserve_bytes, kv_page_bytes, plan_kv_pages,
-                                      profile_activation_bytes)
+from radixserve.engine.memory import (
+    graph_reserve_bytes,
+    kv_page_bytes,
+    plan_kv_pages,
+    profile_activation_bytes,
+)
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.models.dummy import init_dummy_model
 from radixserve.engine.models.loader import load_model
 from radixserve.engine.sampling.batch import build_sampling_batch
-from radixserve.engine.sampling.sampler import Sampler, SampleOutput
+from radixserve.engine.sampling.sampler import SampleOutput, Sampler
 from radixserve.engine.scheduler.batch import Batch
 
 log = logging.getLogger(__name__)
@@ -51,8 +54,8 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, args: ModelArgs, device: torch.device, dtype: torch.dtype,
-                 eos_ids: tuple[int, ...]) -> None:
+    def __init__(self, config: EngineConfig, args: ModelArgs, device: torch.device,
+                 dtype: torch.dtype, eos_ids: tuple[int, ...]) -> None:
         self.config, self.args, self.device, self.dtype = config, args, device, dtype
         self.eos_ids = eos_ids
         cuda = device.type == "cuda"
@@ -63,7 +66,8 @@ class ModelRunner:
             self.model = load_model(config.model_path, dtype, device)
         attn = self.model.model.layers[0].self_attn
         self.max_context = config.max_context or args.max_position_embeddings
-        self.table = TableManager(config.max_running_requests, self.max_context, config.page_size, device)
+        self.table = TableManager(config.max_running_requests, self.max_context, config.page_size,
+                                  device)
         self.backend = create_backend(config.attention_backend, attn.num_heads, attn.num_kv_heads,
                                       args.head_dim, device, dtype)
         self.sampler = Sampler()
@@ -72,15 +76,15 @@ class ModelRunner:
         self.num_pages = config.num_pages or get_comm().min_over_ranks(
             self._auto_num_pages(attn.num_kv_heads, graph_sizes))
         # One page past the allocator's range belongs to no request: padded graph rows write there.
-        self.kv_pool = KVCachePool(args.num_layers, self.num_pages + 1, config.page_size, attn.num_kv_heads,
-                                   args.head_dim, dtype, device)
+        self.kv_pool = KVCachePool(args.num_layers, self.num_pages + 1, config.page_size,
+                                   attn.num_kv_heads, args.head_dim, dtype, device)
         if self.stream is not None:  # weights, tables and pool were written on the default stream
             self.stream.wait_stream(torch.cuda.current_stream(device))
         self.graphs: CudaGraphRunner | None = None
         self.graph_bytes = 0
         if graph_sizes and self.stream is not None:
-            self.graphs = CudaGraphRunner(self.model, self.backend, self.kv_pool, self.table, graph_sizes,
-                                          self.num_pages, self.stream)
+            self.graphs = CudaGraphRunner(self.model, self.backend, self.kv_pool, self.table,
+                                          graph_sizes, self.num_pages, self.stream)
             self.graph_bytes = self.graphs.capture(progress=get_comm().rank == 0)
 
     def _graph_sizes(self) -> list[int]:
@@ -98,14 +102,20 @@ class ModelRunner:
         P = c.page_size
         if self.device.type != "cuda":
             return max(2, c.cpu_kv_tokens // P)
-        page_bytes = kv_page_bytes(self.args.num_layers, P, num_kv_heads, self.args.head_dim, self.dtype)
-        activations = profile_activation_bytes(self.model, self.backend, c.max_prefill_tokens + c.max_running_requests,
+        page_bytes = kv_page_bytes(self.args.num_layers, P, num_kv_heads, self.args.head_dim,
+                                   self.dtype)
+        activations = profile_activation_bytes(self.model, self.backend,
+                                               c.max_prefill_tokens + c.max_running_requests,
                                                c.max_running_requests, P, self.dtype, self.device)
-        graphs = graph_reserve_bytes(graph_sizes, self.args.vocab_size, self.dtype, self.table.width // P)
-        return plan_kv_pages(page_bytes, c.memory_fraction, activations, graphs, self.device).num_pages
+        graphs = graph_reserve_bytes(graph_sizes, self.args.vocab_size, self.dtype,
+                                     self.table.width // P)
+        return plan_kv_pages(page_bytes, c.memory_fraction, activations, graphs,
+                             self.device).num_pages
 
     def _on_stream(self) -> contextlib.AbstractContextManager[object]:
-        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        if self.stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.stream)
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> ForwardOutput:
@@ -124,8 +134,8 @@ class ModelRunner:
         rows = [i for i, s in enumerate(batch.sample) if s]
         T = int(ext.sum())
         starts = torch.cumsum(ext, 0) - ext
-        graph_layout = StepLayout(slots_d, batch.prefix_lens, batch.seq_lens, slots_d, table.page_table,
-                                  self.config.page_size)
+        graph_layout = StepLayout(slots_d, batch.prefix_lens, batch.seq_lens, slots_d,
+                                  table.page_table, self.config.page_size)
         if self.graphs is not None and T == len(slot_list) and self.graphs.can_run(graph_layout):
             logits = self.graphs.replay(slot_list, graph_layout)  # (B, V), every row one new token
             if not rows:
@@ -135,14 +145,16 @@ class ModelRunner:
         else:
             # Expanded to one entry per token on the device: on CPU tensors repeat_interleave takes
             # milliseconds at 8k tokens, host time that every prefill step paid.
-            per_req = torch.stack([slots, prefix - starts, ext]).to(dev, non_blocking=True)  # (3, B)
+            # (3, B)
+            per_req = torch.stack([slots, prefix - starts, ext]).to(dev, non_blocking=True)
             slot_tok_d = torch.repeat_interleave(per_req[0], per_req[2], output_size=T)
-            pos_d = torch.repeat_interleave(per_req[1], per_req[2], output_size=T)  # (T,) absolute positions
+            # (T,) absolute positions
+            pos_d = torch.repeat_interleave(per_req[1], per_req[2], output_size=T)
             pos_d += torch.arange(T, device=dev)
             input_ids = table.token_pool[slot_tok_d, pos_d]
             out_loc = table.page_table[slot_tok_d, pos_d]
-            layout = StepLayout(slots_d, batch.prefix_lens, batch.seq_lens, out_loc, table.page_table,
-                                self.config.page_size)
+            layout = StepLayout(slots_d, batch.prefix_lens, batch.seq_lens, out_loc,
+                                table.page_table, self.config.page_size)
             meta = self.backend.prepare(layout)
             with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
                 hidden = self.model(input_ids, pos_d)
@@ -159,11 +171,13 @@ class ModelRunner:
 
     @staticmethod
     def _no_samples() -> ForwardOutput:
-        return ForwardOutput([], SampleOutput(torch.empty(0, dtype=torch.int64), None, None, None), None)
+        return ForwardOutput([], SampleOutput(torch.empty(0, dtype=torch.int64), None, None, None),
+                             None)
 
     def _to_host(self, rows: list[int], out: SampleOutput) -> ForwardOutput:
         # non_blocking device-to-host copies land in pinned buffers; the event says when.
-        host = SampleOutput(*(t.to("cpu", non_blocking=True) if t is not None else None for t in out))
+        host = SampleOutput(*(t.to("cpu", non_blocking=True) if t is not None else None
+                              for t in out))
         ready = None
         if self.device.type == "cuda":
             ready = torch.cuda.Event()

@@ -22,7 +22,6 @@ from enum import Enum
 from typing import Any
 
 import numpy as np
-
 from radixserve.engine.sampling.params import FinishReason, SamplingParams
 
 
@@ -88,7 +87,8 @@ class Req:
 
     def token_ids(self, n: int) -> list[int]:
         """The first n ids of prompt + outputs (those with KV computed)."""
-        assert n <= self.prompt_len + len(self.output_ids), "KV covers a token the host has not seen"
+        assert n <= self.prompt_len + len(self.output_ids), (
+            "KV covers a token the host has not seen")
         if n <= self.prompt_len:
             return self.prompt_ids[:n]
         return self.prompt_ids + self.output_ids[: n - self.prompt_len]

@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-
 from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
 
-BackendFactory = Callable[..., AttentionBackend]  # (num_heads, num_kv_heads, head_dim, device, dtype)
+# (num_heads, num_kv_heads, head_dim, device, dtype)
+BackendFactory = Callable[..., AttentionBackend]
 _BACKENDS: dict[str, Callable[[], BackendFactory]] = {}
 
 
-def register_backend(name: str) -> Callable[[Callable[[], BackendFactory]], Callable[[], BackendFactory]]:
+def register_backend(name: str) -> Callable[[Callable[[], BackendFactory]],
+                                            Callable[[], BackendFactory]]:
     def wrap(loader: Callable[[], BackendFactory]) -> Callable[[], BackendFactory]:
         _BACKENDS[name] = loader
         return loader
@@ -30,7 +31,6 @@ def _torch() -> BackendFactory:
 @register_backend("flashinfer")
 def _flashinfer() -> BackendFactory:
     import flashinfer  # noqa: F401  (raises ImportError where it is not installed)
-
     from radixserve.engine.attention.flashinfer_backend import FlashInferBackend
 
     return FlashInferBackend
@@ -48,8 +48,9 @@ def backend_names() -> list[str]:
     return sorted(_BACKENDS) + ["auto"]
 
 
-def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
-    """'auto' picks the fastest backend available on the device (the fused kernels need 16-bit KV)."""
+def resolve_backend_name(name: str, device: torch.device,
+                         dtype: torch.dtype = torch.bfloat16) -> str:
+    """'auto' picks the fastest backend on the device (the fused kernels need 16-bit KV)."""
     if name != "auto":
         return name
     if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
@@ -67,18 +68,21 @@ def _available(name: str) -> bool:
     return True
 
 
-def create_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
-                   dtype: torch.dtype = torch.float32) -> AttentionBackend:
+def create_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
+                   device: torch.device, dtype: torch.dtype = torch.float32) -> AttentionBackend:
     name = resolve_backend_name(name, device, dtype)
     if "," in name:  # "prefill,decode": a hybrid of two backends
         from radixserve.engine.attention.hybrid import HybridBackend
 
         prefill, decode = name.split(",", 1)
-        return HybridBackend(create_backend(prefill, num_heads, num_kv_heads, head_dim, device, dtype),
-                             create_backend(decode, num_heads, num_kv_heads, head_dim, device, dtype))
+        return HybridBackend(create_backend(prefill, num_heads, num_kv_heads, head_dim, device,
+                                            dtype),
+                             create_backend(decode, num_heads, num_kv_heads, head_dim, device,
+                                            dtype))
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose from {backend_names()}")
     return _BACKENDS[name]()(num_heads, num_kv_heads, head_dim, device, dtype)
 
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "StepLayout", "backend_names", "create_backend", "register_backend"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "StepLayout", "backend_names", "create_backend",
+           "register_backend"]

@@ -58,8 +58,8 @@ class AttentionBackend(ABC):
     def prepare(self, layout: StepLayout) -> AttentionMetadata:
         """Build per-step metadata once; every layer reuses it."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer_id: int,
-                meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
         """Store k/v at meta.out_loc, then causal attention of q over each request's whole context.
 
         Shapes: q (T, nh, hd), k and v (T, nkv, hd) -> (T, nh, hd). k and v are None when the caller
@@ -70,11 +70,14 @@ class AttentionBackend(ABC):
         return self.attend(q, layer_id, meta, kv_pool)
 
     @abstractmethod
-    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
-        """Causal attention of q (T, nh, hd) over each request's context, new tokens included -> (T, nh, hd)."""
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
+               kv_pool: KVCachePool) -> torch.Tensor:
+        """Causal attention of q (T, nh, hd) over each request's context, new tokens included.
+        Returns (T, nh, hd)."""
 
     # -- CUDA graphs (decode only) ----------------------------------------------------------------
-    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int, dummy_page: int) -> None:
+    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
+                        dummy_page: int) -> None:
         """Allocate the static buffers that captured decode graphs read.
 
         `dummy_page` is a KV page no request owns: padded rows attend to it and write into it.

@@ -3,8 +3,8 @@
 FA3's `flash_attn_with_kvcache` reads the paged pool through a page table at any page size, for
 prefill (ragged queries via cu_seqlens_q) and decode alike. flash-attn 2 pages only in blocks of 256
 tokens, so with smaller pages it gathers each request's K/V into one contiguous run and calls
-`flash_attn_varlen_func`; decode uses `flash_attn_with_kvcache` with a block table when P % 256 == 0.
-Causal masks in both align queries with the end of their request's keys, as StepLayout does.
+`flash_attn_varlen_func`; decode uses `flash_attn_with_kvcache` with a block table when P % 256 ==
+0. Causal masks in both align queries with the end of their request's keys, as StepLayout does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
-
 from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
 
 if TYPE_CHECKING:
@@ -31,13 +30,15 @@ class FlashAttnAPI(NamedTuple):
 
 @functools.cache
 def load_flash_attn() -> FlashAttnAPI:
-    for module, version in (("flash_attn_interface", 3), ("sgl_kernel.flash_attn", 3), ("flash_attn", 2)):
+    for module, version in (("flash_attn_interface", 3), ("sgl_kernel.flash_attn", 3),
+                            ("flash_attn", 2)):
         try:
             m = importlib.import_module(module)
         except ImportError:
             continue
         return FlashAttnAPI(version, m.flash_attn_varlen_func, m.flash_attn_with_kvcache)
-    raise ImportError("no flash-attn found (flash_attn_interface, sgl_kernel.flash_attn or flash_attn)")
+    raise ImportError("no flash-attn found (flash_attn_interface, sgl_kernel.flash_attn or "
+                      "flash_attn)")
 
 
 def _cu(lengths: list[int], device: torch.device) -> torch.Tensor:
@@ -79,20 +80,22 @@ class FlashAttentionBackend(AttentionBackend):
         block_table = kv_loc = cu_k = None
         if self._paged(P) and (decode or self.api.version == 3):
             max_pages = -(-max(seq) // P)
-            block_table = (layout.page_table[layout.slots, : max_pages * P : P] // P).to(torch.int32)
+            pages = layout.page_table[layout.slots, : max_pages * P : P]
+            block_table = (pages // P).to(torch.int32)
         else:
             n = sum(seq)
             lens = torch.tensor(seq, dtype=torch.int64)
             lens_d = lens.to(dev, non_blocking=True)
             rows = torch.repeat_interleave(layout.slots, lens_d, output_size=n)
-            first = torch.repeat_interleave((torch.cumsum(lens, 0) - lens).to(dev, non_blocking=True), lens_d,
-                                            output_size=n)
+            starts = (torch.cumsum(lens, 0) - lens).to(dev, non_blocking=True)
+            first = torch.repeat_interleave(starts, lens_d, output_size=n)
             kv_loc = layout.page_table[rows, torch.arange(n, device=dev) - first]
             cu_k = _cu(seq, dev)
-        return FAMetadata(layout.out_loc, _cu(ext, dev), max(ext), seqlens, max(seq), block_table, kv_loc,
-                          cu_k, decode)
+        return FAMetadata(layout.out_loc, _cu(ext, dev), max(ext), seqlens, max(seq), block_table,
+                          kv_loc, cu_k, decode)
 
-    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
+               kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, FAMetadata)
         k_all, v_all = kv_pool.k[layer_id], kv_pool.v[layer_id]  # (locations, nkv, hd)
         if meta.block_table is None:  # gathered contiguous K/V, one run per request
@@ -105,21 +108,26 @@ class FlashAttentionBackend(AttentionBackend):
         if self.api.version == 3:
             out = self.api.with_kvcache(q, k_pages, v_pages, cache_seqlens=meta.seqlens,
                                         page_table=meta.block_table, cu_seqlens_q=meta.cu_q,
-                                        max_seqlen_q=meta.max_q, softmax_scale=self.scale, causal=True)
+                                        max_seqlen_q=meta.max_q, softmax_scale=self.scale,
+                                        causal=True)
             return out[0] if isinstance(out, tuple) else out
         assert meta.decode, "flash-attn 2 pages only decode steps"
         out = self.api.with_kvcache(q.unsqueeze(1), k_pages, v_pages, cache_seqlens=meta.seqlens,
-                                    block_table=meta.block_table, softmax_scale=self.scale, causal=True)
+                                    block_table=meta.block_table, softmax_scale=self.scale,
+                                    causal=True)
         return out.squeeze(1)  # (B, 1, nh, hd) -> (B, nh, hd)
 
     # -- CUDA graphs: static block table and lengths, rewritten before each replay --------------
-    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int, dummy_page: int) -> None:
+    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
+                        dummy_page: int) -> None:
         if not self._paged(page_size):
-            raise NotImplementedError("flash-attn 2 decodes from the paged pool only when page_size % 256 == 0")
+            raise NotImplementedError("flash-attn 2 decodes from the paged pool only when "
+                                      "page_size % 256 == 0")
         dev = self.device
         self._dummy_page = dummy_page
         self._graph = {
-            "block_table": torch.full((max_batch, max_pages_per_req), dummy_page, dtype=torch.int32, device=dev),
+            "block_table": torch.full((max_batch, max_pages_per_req), dummy_page, dtype=torch.int32,
+                                      device=dev),
             "seqlens": torch.ones(max_batch, dtype=torch.int32, device=dev),
             "cu_q": torch.arange(max_batch + 1, dtype=torch.int32, device=dev),
         }
@@ -133,7 +141,8 @@ class FlashAttentionBackend(AttentionBackend):
     def plan_graph(self, batch_size: int, layout: StepLayout) -> None:
         g, P, B = self._graph, layout.page_size, len(layout.seq_lens)
         width = g["block_table"].size(1)
-        g["block_table"][:B] = (layout.page_table[layout.slots, : width * P : P] // P).to(torch.int32)
+        pages = layout.page_table[layout.slots, : width * P : P]
+        g["block_table"][:B] = (pages // P).to(torch.int32)
         g["block_table"][B:batch_size, 0] = self._dummy_page
         lens = torch.ones(batch_size, dtype=torch.int32)
         lens[:B] = torch.tensor(layout.seq_lens, dtype=torch.int32)

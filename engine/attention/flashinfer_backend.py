@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from radixserve.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
@@ -36,7 +35,8 @@ def _indptr(lengths: list[int]) -> torch.Tensor:
 
 
 def _last_page_lens(seq_lens: list[int], num_pages: list[int], page_size: int) -> torch.Tensor:
-    return torch.tensor([s - (n - 1) * page_size for s, n in zip(seq_lens, num_pages)], dtype=torch.int32)
+    return torch.tensor([s - (n - 1) * page_size for s, n in zip(seq_lens, num_pages)],
+                        dtype=torch.int32)
 
 
 class _Planner:
@@ -76,8 +76,10 @@ class FlashInferBackend(AttentionBackend):
         super().__init__(num_heads, num_kv_heads, head_dim, device, dtype)
         self._fi = flashinfer
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self._prefill = _Planner(flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD"))
-        self._decode = _Planner(flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD"))
+        self._prefill = _Planner(
+            flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD"))
+        self._decode = _Planner(
+            flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD"))
         self._graphs: dict[int, _Planner] = {}
         self._dummy_page = -1
 
@@ -99,21 +101,25 @@ class FlashInferBackend(AttentionBackend):
                          causal=True, **self._heads())
         return FlashInferMetadata(layout.out_loc, planner.wrapper)
 
-    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
+               kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, FlashInferMetadata)
         P = kv_pool.page_size
-        k_pages = kv_pool.k[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)  # (pages, P, nkv, hd)
+        # (pages, P, nkv, hd)
+        k_pages = kv_pool.k[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)
         v_pages = kv_pool.v[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)
         return meta.wrapper.run(q.contiguous(), (k_pages, v_pages))  # (T, nh, hd)
 
     # -- CUDA graphs ----------------------------------------------------------------------------
-    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int, dummy_page: int) -> None:
+    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
+                        dummy_page: int) -> None:
         dev = self.device
         self._dummy_page, self._page_size = dummy_page, page_size
         # Shared by every captured batch size: replays run one at a time on one stream.
         self._g_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device=dev)
         self._g_last = torch.ones(max_batch, dtype=torch.int32, device=dev)
-        self._g_indices = torch.full((max_batch * max_pages_per_req,), dummy_page, dtype=torch.int32, device=dev)
+        self._g_indices = torch.full((max_batch * max_pages_per_req,), dummy_page,
+                                     dtype=torch.int32, device=dev)
 
     def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> FlashInferMetadata:
         wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
@@ -133,13 +139,14 @@ class FlashInferBackend(AttentionBackend):
         self._plan_padded(self._graphs[batch_size], batch_size, layout.seq_lens, npages,
                           page_indices(layout.page_table, layout.slots, npages, P))
 
-    def _plan_padded(self, planner: _Planner, batch_size: int, seq_lens: list[int], npages: list[int],
-                     real: torch.Tensor | None) -> None:
+    def _plan_padded(self, planner: _Planner, batch_size: int, seq_lens: list[int],
+                     npages: list[int], real: torch.Tensor | None) -> None:
         page_size = self._page_size
         # Rows past the real batch attend to one token of the dummy page (written by nobody else).
         pad = batch_size - len(seq_lens)
         fill = torch.full((pad,), self._dummy_page, dtype=torch.int32, device=self.device)
         indices = fill if real is None else torch.cat([real, fill]) if pad else real
-        last = torch.cat([_last_page_lens(seq_lens, npages, page_size), torch.ones(pad, dtype=torch.int32)])
+        last = torch.cat([_last_page_lens(seq_lens, npages, page_size),
+                          torch.ones(pad, dtype=torch.int32)])
         planner.plan(_indptr(npages + [1] * pad), indices, last, self.num_heads, self.num_kv_heads,
                      self.head_dim, page_size, **self._heads())

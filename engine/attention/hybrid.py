@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-
 from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
 
 if TYPE_CHECKING:
@@ -31,11 +30,13 @@ class HybridBackend(AttentionBackend):
         inner = backend.prepare(layout)
         return HybridMetadata(inner.out_loc, backend, inner)
 
-    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
+               kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, HybridMetadata)
         return meta.backend.attend(q, layer_id, meta.inner, kv_pool)
 
-    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int, dummy_page: int) -> None:
+    def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
+                        dummy_page: int) -> None:
         self.decode.init_cuda_graph(max_batch, max_pages_per_req, page_size, dummy_page)
 
     def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> HybridMetadata:

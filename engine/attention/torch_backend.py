@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-
 from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
 
 if TYPE_CHECKING:
@@ -35,13 +34,16 @@ class TorchBackend(AttentionBackend):
         q_index = torch.where(q_valid, starts[:, None] + qpos[None, :], 0)
         kpos = torch.arange(L)
         # Query t of request b sits at absolute position pre[b] + t and sees keys at <= that.
-        mask = (kpos[None, None, :] <= (pre[:, None, None] + qpos[None, :, None])) & (kpos[None, None, :] < seq[:, None, None])
+        mask = ((kpos[None, None, :] <= (pre[:, None, None] + qpos[None, :, None]))
+                & (kpos[None, None, :] < seq[:, None, None]))
         mask[:, :, 0] |= ~q_valid  # padded query rows see one key, so softmax stays finite
         kv_index = layout.page_table[layout.slots, :L]  # (B, L) on device
         flat_index = (torch.arange(B)[:, None] * Q + qpos[None, :])[q_valid]
-        return TorchMetadata(layout.out_loc, kv_index, q_index.to(dev), mask.unsqueeze(1).to(dev), flat_index.to(dev))
+        return TorchMetadata(layout.out_loc, kv_index, q_index.to(dev), mask.unsqueeze(1).to(dev),
+                             flat_index.to(dev))
 
-    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
+               kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, TorchMetadata)
         B, Q = meta.q_index.shape
         qp = q[meta.q_index].transpose(1, 2)  # (B, nh, Q, hd)

@@ -23,7 +23,6 @@ from dataclasses import asdict, replace
 
 import torch
 import torch.distributed as dist
-
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.distributed.comm import SingleRankComm, TPGroupError, comm_scope
 from radixserve.engine.distributed.plan import PlanEncoder
@@ -41,7 +40,8 @@ log = logging.getLogger(__name__)
 STORE_HOST = "127.0.0.1"
 EXIT_GRACE_S = 10.0  # how long close() lets workers leave before killing them
 FAILED_GRACE_S = 1.0  # the same after a group failure, when a worker may be stuck for good
-START_TIMEOUT_S = 600.0  # workers import, join and load their shard within this (deaths show at once)
+# workers import, join and load their shard within this (deaths show at once)
+START_TIMEOUT_S = 600.0
 
 
 def check_tp_shapes(args: ModelArgs, tp_size: int) -> None:
@@ -55,7 +55,8 @@ def check_tp_shapes(args: ModelArgs, tp_size: int) -> None:
     if args.intermediate_size % tp_size:
         problems.append(f"intermediate_size ({args.intermediate_size}) is not divisible by it")
     if problems:
-        raise ValueError(f"{args.architecture} cannot be split over tp_size={tp_size}: " + "; ".join(problems))
+        raise ValueError(
+            f"{args.architecture} cannot be split over tp_size={tp_size}: " + "; ".join(problems))
 
 
 def rank_device(device: torch.device, rank: int, tp_size: int) -> torch.device:
@@ -63,7 +64,8 @@ def rank_device(device: torch.device, rank: int, tp_size: int) -> torch.device:
     if device.type != "cuda":
         return device
     if torch.cuda.device_count() < tp_size:
-        raise ValueError(f"tp_size={tp_size} needs {tp_size} GPUs; {torch.cuda.device_count()} visible")
+        raise ValueError(f"tp_size={tp_size} needs {tp_size} GPUs; {torch.cuda.device_count()} "
+                         "visible")
     torch.cuda.set_device(rank)
     return torch.device("cuda", rank)
 
@@ -114,14 +116,16 @@ class TPLeader:
         return subprocess.Popen(cmd, stdin=subprocess.PIPE)
 
     def _wait_for(self, stage: str) -> None:
-        """Wait until every worker has set `{stage}/{rank}` in the store, failing fast if one dies."""
+        """Wait until every worker has set `{stage}/{rank}` in the store; fail fast if one dies."""
         keys = [f"{stage}/{r}" for r in range(1, self.tp_size)]
         limit = max(START_TIMEOUT_S, self.timeout_s)
         deadline = time.monotonic() + limit
         while not self.store.check(keys):
-            dead = [(r, p.returncode) for r, p in enumerate(self.workers, 1) if p.poll() is not None]
+            dead = [(r, p.returncode) for r, p in enumerate(self.workers, 1)
+                    if p.poll() is not None]
             if dead:
-                raise TPGroupError(f"TP worker(s) exited before being {stage} (rank, exit code): {dead}")
+                raise TPGroupError(f"TP worker(s) exited before being {stage} (rank, exit code): "
+                                   f"{dead}")
             if time.monotonic() > deadline:
                 raise TPGroupError(f"TP workers were not {stage} within {limit:.0f} s")
             time.sleep(0.05)
@@ -137,7 +141,8 @@ class TPLeader:
             time.sleep(0.05)
         dead = [f"worker rank {r} exited with code {p.returncode}"
                 for r, p in enumerate(self.workers, 1) if p.poll() is not None]
-        return "; ".join(dead) or f"no worker exited, one may be stuck (timeout {self.timeout_s:.0f} s)"
+        return "; ".join(dead) or ("no worker exited, one may be stuck (timeout "
+                                   f"{self.timeout_s:.0f} s)")
 
     def send_plan(self, batch: Batch, table: TableManager) -> None:
         """Broadcast the step about to run; call between scheduling and `ModelRunner.forward`."""

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-
 from radixserve.engine.distributed.comm import TPGroupError
 from radixserve.engine.kvcache.table import RowWrite, TableManager
 from radixserve.engine.request import Req
@@ -38,7 +37,8 @@ def _options_from_pb(o: pb.SamplingOptions) -> SamplingParams:
     # max_new_tokens stays on rank 0 (it decides when to stop); None keeps validation happy.
     return SamplingParams(
         temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, max_new_tokens=None,
-        min_new_tokens=o.min_new_tokens, stop_token_ids=tuple(o.stop_token_ids), ignore_eos=o.ignore_eos,
+        min_new_tokens=o.min_new_tokens, stop_token_ids=tuple(o.stop_token_ids),
+        ignore_eos=o.ignore_eos,
         repetition_penalty=o.repetition_penalty, frequency_penalty=o.frequency_penalty,
         presence_penalty=o.presence_penalty, top_logprobs=o.top_logprobs, logprobs=o.logprobs)
 
@@ -61,7 +61,8 @@ class PlanEncoder:
         for req in batch.reqs:
             if self._bound.get(req.slot) is not req:
                 self._bound[req.slot] = req
-                plan.bindings.append(pb.SlotBinding(slot=req.slot, prompt_len=req.prompt_len, seed=req.seed,
+                plan.bindings.append(pb.SlotBinding(slot=req.slot, prompt_len=req.prompt_len,
+                                                    seed=req.seed,
                                                     sampling=_options_to_pb(req.params)))
         for w in table.pending_writes():
             plan.writes.append(pb.RowWrite(target=_TARGETS[w.target], slot=w.slot, start=w.start,
@@ -104,14 +105,17 @@ class PlanDecoder:
         """The batch to run, or None when rank 0 is shutting down."""
         plan = pb.StepPlan.FromString(data)
         if plan.seq != self._seq:
-            raise TPGroupError(f"step plan {plan.seq} arrived where {self._seq} was due: ranks out of sync")
+            raise TPGroupError(f"step plan {plan.seq} arrived where {self._seq} was due: ranks out "
+                               "of sync")
         self._seq += 1
         if plan.shutdown:
             return None
         for b in plan.bindings:
-            self._slots[b.slot] = SlotReq(b.slot, b.prompt_len, b.seed, _options_from_pb(b.sampling))
+            self._slots[b.slot] = SlotReq(b.slot, b.prompt_len, b.seed,
+                                          _options_from_pb(b.sampling))
         self.table.replay(RowWrite(_TARGET_NAMES[w.target], w.slot, w.start,  # type: ignore[arg-type]
-                                   torch.tensor(list(w.values), dtype=torch.int64)) for w in plan.writes)
+                                   torch.tensor(list(w.values), dtype=torch.int64))
+                          for w in plan.writes)
         batch = Batch()
         r = plan.rows
         for slot, prefix_len, seq_len, sample in zip(r.slots, r.prefix_lens, r.seq_lens, r.sample):

@@ -15,7 +15,6 @@ from typing import NamedTuple, TypeVar
 
 import torch
 import torch.distributed as dist
-
 from radixserve.engine.distributed.comm import Communicator, TPGroupError
 
 T = TypeVar("T")
@@ -34,8 +33,9 @@ def init_process_groups(rank: int, world_size: int, store: dist.Store, device: t
         raise RuntimeError("torch.distributed is already initialised in this process: "
                            "run one tensor-parallel engine per process")
     cuda = device.type == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s), device_id=device if cuda else None)
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if cuda else None)
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     assert dist.group.WORLD is not None
     return ProcessGroups(dist.group.WORLD, control)
@@ -56,7 +56,8 @@ class CollectiveGuard:
             return fn()
         except RuntimeError as e:  # DistBackendError, gloo I/O errors and timeouts all land here
             cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            self.failure = f"tensor-parallel {what} failed on rank {self.rank}: {self.describe()} ({cause})"
+            self.failure = (f"tensor-parallel {what} failed on rank {self.rank}: {self.describe()} "
+                            f"({cause})")
             raise TPGroupError(self.failure) from e
 
 
@@ -72,7 +73,8 @@ class CustomAllReduce(ABC):
 
 
 def _all_gather_single(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup) -> None:
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
+    # renamed in 2.13
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(out, x, group=group)
 
 
@@ -97,7 +99,8 @@ class TorchDistComm(Communicator):
 
     def min_over_ranks(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        self.guard.run("agreement", lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group))
+        self.guard.run("agreement",
+                       lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group))
         return int(t.item())
 
 

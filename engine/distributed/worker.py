@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import read_eos_ids, resolve_device, resolve_dtype
 from radixserve.engine.distributed.comm import TPGroupError, set_comm
@@ -61,7 +60,8 @@ def run(config: EngineConfig, store_host: str, store_port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="A follower rank of a tensor-parallel radixserve engine")
+    ap = argparse.ArgumentParser(description="A follower rank of a tensor-parallel radixserve "
+                                             "engine")
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--store", required=True, help="host:port of rank 0's TCP store")
     ap.add_argument("--config", required=True, help="this rank's EngineConfig as JSON")

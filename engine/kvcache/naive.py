@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from radixserve.engine.kvcache.base import CacheSizes, MatchResult, PrefixCache
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import torch
-
 from radixserve.engine.kvcache import store_kernel
 
 
 class KVCachePool:
-    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, locations, nkv, hd)

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from radixserve.engine.kvcache.base import CacheSizes, MatchResult, PrefixCache
 from radixserve.engine.kvcache.radix_py import PyRadixPrefixCache
 from radixserve.native import NATIVE_AVAILABLE

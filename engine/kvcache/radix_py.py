@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from radixserve.engine.kvcache.base import CacheSizes, MatchResult, PrefixCache
 from radixserve.native.radix_tree import (
     HANDLE_MESSAGE,

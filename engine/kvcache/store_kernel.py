@@ -28,8 +28,8 @@ def packed(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, loc_ptr, k_row_stride, v_row_stride,
-                         ROW: tl.constexpr, BLOCK: tl.constexpr):
+    def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, loc_ptr, k_row_stride,
+                         v_row_stride, ROW: tl.constexpr, BLOCK: tl.constexpr):
         t = tl.program_id(0)
         loc = tl.load(loc_ptr + t).to(tl.int64)
         for start in tl.static_range(0, ROW, BLOCK):
@@ -51,5 +51,5 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k:
     row = k_cache.size(1) * k_cache.size(2)
     assert packed(k) and packed(v), "k/v heads must be packed within a row"
     block = min(triton.next_power_of_2(row), 4096)
-    _store_kv_kernel[(T,)](k, v, k_cache, v_cache, loc, k.stride(0), v.stride(0), ROW=row, BLOCK=block,
-                           num_warps=4)
+    _store_kv_kernel[(T,)](k, v, k_cache, v_cache, loc, k.stride(0), v.stride(0), ROW=row,
+                           BLOCK=block, num_warps=4)

@@ -1,8 +1,8 @@
 """Request slots, the page table and the token pool: per-slot rows the device reads every step.
 
-page_table[slot, pos] is the KV location of token `pos` of the request in `slot`; token_pool[slot, pos]
-is its token id. Sampled tokens are written to token_pool on the device, so the next step reads its
-inputs there without waiting for the host.
+page_table[slot, pos] is the KV location of token `pos` of the request in `slot`;
+token_pool[slot, pos] is its token id. Sampled tokens are written to token_pool on the device, so
+the next step reads its inputs there without waiting for the host.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ class RowWrite(NamedTuple):
 
 
 class TableManager:
-    def __init__(self, max_slots: int, max_context: int, page_size: int, device: torch.device) -> None:
+    def __init__(self, max_slots: int, max_context: int, page_size: int,
+                 device: torch.device) -> None:
         self.max_slots, self.page_size = max_slots, page_size
         self.width = -(-max_context // page_size) * page_size  # whole pages per row
         self.page_table = torch.zeros(max_slots, self.width, dtype=torch.int64, device=device)
@@ -43,7 +44,9 @@ class TableManager:
         self._free_slots.append(slot)
 
     def set_locations(self, slot: int, start: int, locs: torch.Tensor) -> None:
-        """Write KV locations for positions [start, start + len(locs)) of a slot (host now, device at flush)."""
+        """Write KV locations for positions [start, start + len(locs)) of a slot.
+
+        The host copy is written now, the device copy at flush."""
         self.page_table_cpu[slot, start : start + len(locs)] = locs
         self._queue(self.page_table, slot, start, locs)
 
@@ -51,7 +54,7 @@ class TableManager:
         self._queue(self.token_pool, slot, start, torch.tensor(tokens, dtype=torch.int64))
 
     def alloc_pages(self, slot: int, first_page: int, pages: list[int]) -> None:
-        """Give logical pages [first_page, first_page + len(pages)) of a slot the physical `pages`."""
+        """Map logical pages [first_page, first_page + len(pages)) of a slot to physical `pages`."""
         if not pages:
             return
         P = self.page_size
@@ -60,7 +63,8 @@ class TableManager:
 
     def pending_writes(self) -> list[RowWrite]:
         """Writes queued since the last flush, in order: what tensor-parallel followers replay."""
-        return [RowWrite("page_table" if t is self.page_table else "token_pool", int(r[0]), int(c[0]), v)
+        return [RowWrite("page_table" if t is self.page_table else "token_pool", int(r[0]),
+                         int(c[0]), v)
                 for t, r, c, v in self._pending if len(v)]
 
     def replay(self, writes: Iterable[RowWrite]) -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from radixserve.engine.context import get_forward_context
 from radixserve.engine.layers import fused
 from radixserve.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from radixserve.engine.layers.norm import RMSNorm
 from radixserve.engine.layers.rotary import RotaryEmbedding
+from torch import nn
 
 
 class RopeAttention(nn.Module):
@@ -42,8 +41,10 @@ class RopeAttention(nn.Module):
             qn, kn, pool = self.q_norm, self.k_norm, ctx.kv_pool
             q, k = fused.qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin,
                                       qn.weight if qn else None, kn.weight if kn else None,
-                                      qn.eps if qn else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
-                                      (pool.k[self.layer_id], pool.v[self.layer_id], ctx.metadata.out_loc))
+                                      qn.eps if qn else 0.0, self.num_heads, self.num_kv_heads,
+                                      self.head_dim,
+                                      (pool.k[self.layer_id], pool.v[self.layer_id],
+                                       ctx.metadata.out_loc))
             v = None
         else:
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)

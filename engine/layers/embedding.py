@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from radixserve.engine.distributed import get_comm
 from radixserve.engine.layers import gemv
 from radixserve.engine.layers.linear import WeightSource, copy_checked
+from torch import nn
 
 
 class VocabParallelEmbedding(nn.Module):

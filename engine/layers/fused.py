@@ -24,7 +24,8 @@ def usable(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_stride, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_stride, eps, D: tl.constexpr,
+                         BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < D
@@ -35,7 +36,8 @@ if triton is not None:
         tl.store(out_ptr + row * D + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, x_stride, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, x_stride, eps, D: tl.constexpr,
+                             BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < D
@@ -50,9 +52,11 @@ if triton is not None:
         tl.store(out_ptr + row * D + cols, (y.to(dt).to(tl.float32) * w).to(dt), mask=mask)
 
     @triton.jit
-    def _qk_norm_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_out, k_out, v_out, loc_ptr,
-                             qkv_stride, eps, NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr,
-                             HP: tl.constexpr, VP: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr):
+    def _qk_norm_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_out, k_out,
+                             v_out, loc_ptr, qkv_stride, eps, NH: tl.constexpr, NKV: tl.constexpr,
+                             HALF: tl.constexpr,
+                             HP: tl.constexpr, VP: tl.constexpr, NORM: tl.constexpr,
+                             STORE: tl.constexpr):
         """One token per program, all its heads at once: rows [0, NH) of the (HP, HALF) tiles are q
         heads, [NH, NH + NKV) k heads. STORE writes k and v straight into the paged KV cache."""
         t = tl.program_id(0)
@@ -66,8 +70,10 @@ if triton is not None:
         dt = q_out.dtype.element_ty
         if NORM:
             r = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
-            w1 = tl.where(is_q, tl.load(qw_ptr + i).to(tl.float32), tl.load(kw_ptr + i).to(tl.float32))
-            w2 = tl.where(is_q, tl.load(qw_ptr + HALF + i).to(tl.float32), tl.load(kw_ptr + HALF + i).to(tl.float32))
+            w1 = tl.where(is_q, tl.load(qw_ptr + i).to(tl.float32),
+                          tl.load(kw_ptr + i).to(tl.float32))
+            w2 = tl.where(is_q, tl.load(qw_ptr + HALF + i).to(tl.float32),
+                          tl.load(kw_ptr + HALF + i).to(tl.float32))
             x1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
             x2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
         p = tl.load(pos_ptr + t).to(tl.int64)
@@ -112,14 +118,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.size(0):
         _rms_norm_kernel[(rows.size(0),)](rows, weight, out, rows.stride(0), eps, D=D,
-                                          BLOCK=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8)
+                                          BLOCK=triton.next_power_of_2(D),
+                                          num_warps=4 if D <= 2048 else 8)
     return out.view(x.shape)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """residual += x (in place), then RMSNorm of it; x (T, D) row-packed, residual (T, D) contiguous.
-    Returns (normed, residual). One kernel for the add that closes a sublayer and the next norm."""
+    """residual += x (in place), then RMSNorm of it; x (T, D) row-packed, residual (T, D)
+    contiguous. Returns (normed, residual). One kernel for the add that closes a sublayer and the
+    next norm."""
     T, D = x.shape
     out = torch.empty(T, D, dtype=x.dtype, device=x.device)
     if T:
@@ -129,8 +137,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 
 def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, num_heads: int,
-                 num_kv_heads: int, head_dim: int,
+                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                 num_heads: int, num_kv_heads: int, head_dim: int,
                  kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """From the fused projection qkv (T, (nh + 2 nkv) * hd), row-packed: per-head RMSNorm of q and k
@@ -148,9 +156,11 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
         norm = q_weight is not None and k_weight is not None
         heads = triton.next_power_of_2(num_heads + num_kv_heads)
         _qk_norm_rope_kernel[(T,)](
-            qkv, positions, cos, sin, q_weight if norm else qkv, k_weight if norm else qkv, q, k_out, v_out, loc,
+            qkv, positions, cos, sin, q_weight if norm else qkv, k_weight if norm else qkv, q,
+            k_out, v_out, loc,
             qkv.stride(0), eps, NH=num_heads, NKV=num_kv_heads, HALF=head_dim // 2, HP=heads,
-            VP=triton.next_power_of_2(num_kv_heads * head_dim), NORM=norm, STORE=kv_cache is not None,
+            VP=triton.next_power_of_2(num_kv_heads * head_dim), NORM=norm,
+            STORE=kv_cache is not None,
             num_warps=4 if heads * head_dim <= 4096 else 8)
     return q, (k_out if kv_cache is None else None)
 
@@ -166,5 +176,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(N, I, dtype=x.dtype, device=x.device)
     if N:
         block = 1024
-        _silu_mul_kernel[(N, triton.cdiv(I, block))](x, out, x.stride(0), I=I, BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(N, triton.cdiv(I, block))](x, out, x.stride(0), I=I, BLOCK=block,
+                                                     num_warps=4)
     return out

@@ -29,7 +29,8 @@ except ImportError:
     triton = None
 
 MAX_ROWS = 4  # more rows than this and a tiled GEMM reads the weights no more often than we would
-MAX_NORMED_ROWS = 2  # the normed product re-reads its input per program; past 2 rows cuBLAS + a norm wins
+# the normed product re-reads its input per program; past 2 rows cuBLAS + a norm wins
+MAX_NORMED_ROWS = 2
 MAX_WEIGHT_ELEMENTS = 1 << 24  # larger matrices already stream near the bandwidth limit in cuBLAS
 # Enough programs that every SM has several slabs in flight (the H200 sweep's best for all shapes).
 _TARGET_PROGRAMS = 2048
@@ -40,8 +41,9 @@ PLAIN, GATED, NORMED = 0, 1, 2  # what the kernel's input is: x, silu(gate) * up
 if triton is not None:
 
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, r_out_ptr, nw_ptr, eps, N, K, x_stride, out_stride,
-                     M: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, r_out_ptr, nw_ptr, eps, N, K, x_stride,
+                     out_stride, M: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr,
                      HAS_BIAS: tl.constexpr, INPUT: tl.constexpr, HAS_RES: tl.constexpr):
         pid = tl.program_id(0)
         n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -68,7 +70,8 @@ if triton is not None:
             k = k0 + tl.arange(0, BLOCK_K)
             k_mask = k < K
             mk = m_mask[:, None] & k_mask[None, :]
-            w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                        other=0.0)
             if INPUT == 1:  # [gate | up] rows: SiLU rounds before the product, as in eager
                 g = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
                 u = tl.load(x_rows + K + k[None, :], mask=mk, other=0.0).to(tl.float32)
@@ -85,13 +88,15 @@ if triton is not None:
             acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)  # (MP, BLOCK_N)
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + m[:, None] * out_stride + n[None, :], acc.to(dt), mask=m_mask[:, None] & n_mask[None, :])
+        tl.store(out_ptr + m[:, None] * out_stride + n[None, :], acc.to(dt),
+                 mask=m_mask[:, None] & n_mask[None, :])
 
 
 def _kernel_ok(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
     return (triton is not None and x.is_cuda and x.dim() == 2 and 0 < x.size(0) <= max_rows
             and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and x.stride(-1) == 1 and weight.is_contiguous() and weight.numel() <= MAX_WEIGHT_ELEMENTS)
+            and x.stride(-1) == 1 and weight.is_contiguous()
+            and weight.numel() <= MAX_WEIGHT_ELEMENTS)
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -116,7 +121,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def config(N: int, K: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps): enough programs to fill the GPU, at most 16K weights per slab."""
+    """(BLOCK_N, BLOCK_K, num_warps): enough programs to fill the GPU, <= 16K weights per slab."""
     block_k = min(triton.next_power_of_2(K), 1024)
     block_n = 16384 // block_k
     while block_n > 1 and triton.cdiv(N, block_n) < _TARGET_PROGRAMS:
@@ -126,18 +131,22 @@ def config(N: int, K: int) -> tuple[int, int, int]:
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """x (M, K), weight (N, K), bias (N,) -> x @ weight.T + bias, (M, N) in x's dtype; M <= MAX_ROWS."""
+    """x (M, K), weight (N, K), bias (N,) -> x @ weight.T + bias, (M, N) in x's dtype.
+
+    M <= MAX_ROWS."""
     return _launch(PLAIN, x, weight, bias, blocks)[0]
 
 
 def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """gate_up (M, 2K) = [gate | up], weight (N, K) -> (silu(gate) * up) @ weight.T + bias, (M, N)."""
+    """gate_up (M, 2K) = [gate | up], weight (N, K) -> (silu(gate) * up) @ weight.T + bias.
+
+    Returns (M, N)."""
     return _launch(GATED, gate_up, weight, bias, blocks)[0]
 
 
-def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                weight: torch.Tensor, bias: torch.Tensor | None = None,
+def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 blocks: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) row-packed, residual (M, K) contiguous or None -> (rms_norm(s) @ weight.T + bias, s)
     with s = x + residual (a new tensor; the residual is not written) or s = x without one."""
@@ -148,7 +157,8 @@ def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
 
 def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             blocks: tuple[int, int, int] | None, residual: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+            norm_weight: torch.Tensor | None = None,
+            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     M = x.size(0)
     N, K = weight.shape
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -157,8 +167,10 @@ def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         r_out = torch.empty(M, K, dtype=x.dtype, device=x.device) if residual is not None else x
     block_n, block_k, warps = blocks or config(N, K)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, weight, bias if bias is not None else weight, out, residual if residual is not None else x,
-        r_out if r_out is not None else out, norm_weight if norm_weight is not None else weight, eps, N, K,
-        x.stride(0), out.stride(0), M=M, MP=triton.next_power_of_2(M), BLOCK_N=block_n, BLOCK_K=block_k,
+        x, weight, bias if bias is not None else weight, out,
+        residual if residual is not None else x,
+        r_out if r_out is not None else out, norm_weight if norm_weight is not None else weight,
+        eps, N, K, x.stride(0), out.stride(0), M=M, MP=triton.next_power_of_2(M), BLOCK_N=block_n,
+        BLOCK_K=block_k,
         HAS_BIAS=bias is not None, INPUT=input, HAS_RES=residual is not None, num_warps=warps)
     return out, r_out

@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
-from torch import nn
-
 from radixserve.engine.distributed import get_comm
 from radixserve.engine.layers import gemv
 from radixserve.engine.layers.norm import RMSNorm
+from torch import nn
 
 
 class WeightSource(Protocol):
@@ -31,7 +30,8 @@ def _divide(n: int, d: int, what: str) -> int:
 
 def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst.shape != src.shape:
-        raise ValueError(f"shape mismatch: parameter (shard) {tuple(dst.shape)}, checkpoint {tuple(src.shape)}")
+        raise ValueError(f"shape mismatch: parameter (shard) {tuple(dst.shape)}, checkpoint "
+                         f"{tuple(src.shape)}")
     dst.copy_(src)
 
 
@@ -69,7 +69,8 @@ class ColumnParallelLinear(LinearBase):
         tp = get_comm().world_size
         super().__init__(in_features, _divide(out_features, tp, "output features"), bias)
 
-    def normed(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    def normed(self, x: torch.Tensor, residual: torch.Tensor | None,
+               norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         """self(norm(x + residual)) and the residual stream x + residual (x alone when residual is
         None): one GEMV kernel at a batch of 1-2 rows, the fused add+norm and a matmul otherwise."""
         if gemv.normed_usable(x, self.weight) and (residual is None or residual.is_contiguous()):
@@ -95,7 +96,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(in_features, sum(output_sizes), bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: WeightSource, shard_id: int = 0) -> None:  # type: ignore[override]
+    def weight_loader(self, param: nn.Parameter, loaded: WeightSource,  # type: ignore[override]
+                      shard_id: int = 0) -> None:
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         start = self.tp_rank * size
@@ -106,7 +108,8 @@ class QKVParallelLinear(ColumnParallelLinear):
     """Fused q/k/v projection. With more ranks than KV heads, KV heads are replicated: each KV
     head serves tp / num_kv_heads consecutive ranks, whose query heads are exactly its group."""
 
-    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool) -> None:
         tp = get_comm().world_size
         self.head_dim = head_dim
         self.num_heads = _divide(num_heads, tp, "attention heads")
@@ -121,7 +124,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
         super().__init__(hidden, out, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: WeightSource, shard_id: str = "q") -> None:  # type: ignore[override]
+    def weight_loader(self, param: nn.Parameter, loaded: WeightSource,  # type: ignore[override]
+                      shard_id: str = "q") -> None:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if shard_id == "q":
             offset, size, start = 0, q_size, self.tp_rank * q_size
@@ -150,7 +154,9 @@ class RowParallelLinear(LinearBase):
         copy_checked(param.data, loaded[:, self.tp_rank * shard : (self.tp_rank + 1) * shard])
 
     def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
-        """gated: x is [gate | up] (T, 2 * in_features) and the input is silu(gate) * up (GEMV only)."""
+        """gated: x is [gate | up] (T, 2 * in_features) and the input is silu(gate) * up.
+
+        The gated form is for the GEMV path only."""
         y = gemv.gated_gemv(x, self.weight) if gated else gemv.linear(x, self.weight)
         if self.tp_size > 1:
             y = self.comm.all_reduce(y)

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from radixserve.engine.layers import fused, gemv
 from radixserve.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from torch import nn
 
 
 class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate], bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate],
+                                                       bias=bias)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.gate_up_proj(x))
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """gate_up: (T, 2 * intermediate shard) = [gate | up] -> down(silu(gate) * up), (T, hidden)."""
+        """gate_up: (T, 2 * inter. shard) = [gate | up] -> down(silu(gate) * up), (T, hidden)."""
         if gemv.gated_usable(gate_up, self.down_proj.weight):  # SiLU-mul folded into the GEMV
             return self.down_proj(gate_up, gated=True)
         if fused.usable(gate_up):

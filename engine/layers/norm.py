@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
-
 from radixserve.engine.layers import fused
+from torch import nn
 
 
 class RMSNorm(nn.Module):
@@ -20,7 +19,8 @@ class RMSNorm(nn.Module):
         """norm(x); or, given the residual stream, (norm(x + residual), x + residual)."""
         if residual is not None:
             if fused.usable(x) and x.dim() == 2 and x.stride(-1) == 1 and residual.is_contiguous():
-                return fused.add_rms_norm(x, residual, self.weight, self.eps)  # updates residual in place
+                # updates residual in place
+                return fused.add_rms_norm(x, residual, self.weight, self.eps)
             residual = x + residual
             return self.forward(residual), residual
         if fused.usable(x) and x.stride(-1) == 1:  # one kernel instead of ~7 on CUDA

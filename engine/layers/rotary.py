@@ -23,9 +23,11 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_positions: int, base: float, scaling: dict[str, Any] | None) -> None:
+    def __init__(self, head_dim: int, max_positions: int, base: float,
+                 scaling: dict[str, Any] | None) -> None:
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2,
+                                                dtype=torch.int64).float() / head_dim))
         rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling or {})
@@ -36,7 +38,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, q: torch.Tensor,
+                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: (T,); q: (T, nh, hd); k: (T, nkv, hd)."""
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # (T, 1, hd)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)

@@ -34,7 +34,8 @@ class ModelArgs:
             raise ValueError(f"{path}/config.json names no architecture")
         heads = cfg["num_attention_heads"]
         rope = cfg.get("rope_parameters") or {}
-        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
+                                              else None)
         return cls(
             architecture=archs[0],
             vocab_size=cfg["vocab_size"],

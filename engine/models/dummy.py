@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from radixserve.engine.models.base import CausalLM
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.models.registry import model_class
@@ -15,7 +14,8 @@ INIT_STD = 0.02
 
 
 @torch.no_grad()
-def init_dummy_model(path: str | Path, dtype: torch.dtype, device: torch.device, seed: int = 0) -> CausalLM:
+def init_dummy_model(path: str | Path, dtype: torch.dtype, device: torch.device,
+                     seed: int = 0) -> CausalLM:
     args = ModelArgs.from_folder(path)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype if dtype.is_floating_point else previous)

@@ -7,12 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-
 from radixserve.engine.layers.linear import WeightSource, copy_checked
 from radixserve.engine.models.base import CausalLM
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.models.registry import model_class
+from safetensors import safe_open
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -40,7 +39,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> Ca
                     continue
                 target, shard = _resolve(model, name)
                 if target not in params:
-                    raise KeyError(f"checkpoint tensor {name!r} has no place in {args.architecture}")
+                    raise KeyError(
+                        f"checkpoint tensor {name!r} has no place in {args.architecture}")
                 param = params[target]
                 # A lazy slice: each layer indexes its own TP shard, so only that part is read.
                 source = f.get_slice(name)
@@ -49,7 +49,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> Ca
                 loaded.add(target if shard is None else f"{target}:{shard}")
     if args.tie_word_embeddings:
         loaded.add("lm_head.weight")
-    missing = [n for n in params if n not in loaded and not any(k.startswith(n + ":") for k in loaded)]
+    missing = [n for n in params if n not in loaded
+               and not any(k.startswith(n + ":") for k in loaded)]
     if missing:
         raise ValueError(f"checkpoint at {folder} lacks {missing[:5]}")
     return model.to(dtype=dtype).eval()

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import torch
-
 from radixserve.engine.sampling.race import M32
 from radixserve.engine.sampling.sampler import Penalties, SamplingBatch
 from radixserve.engine.scheduler.batch import Batch
 
 
-
-def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...], dev: torch.device) -> SamplingBatch:
+def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...],
+                         dev: torch.device) -> SamplingBatch:
     reqs = [batch.reqs[i] for i in rows]
     params = [r.params for r in reqs]
-    steps = [batch.seq_lens[i] - r.prompt_len for i, r in zip(rows, reqs)]  # output index sampled now
+    # output index sampled now
+    steps = [batch.seq_lens[i] - r.prompt_len for i, r in zip(rows, reqs)]
 
     def col(values: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
@@ -43,10 +43,13 @@ def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...]
     return SamplingBatch(
         all_greedy=all(greedy),
         greedy=col(greedy, torch.bool),
-        temperature=col([[1.0 if g else p.temperature] for g, p in zip(greedy, params)], torch.float32),
+        temperature=col([[1.0 if g else p.temperature] for g, p in zip(greedy, params)],
+                        torch.float32),
         top_k=col([[k] for k in top_k], torch.int64) if any(p.top_k > 1 for p in params) else None,
-        top_p=col([[p.top_p] for p in params], torch.float32) if any(p.top_p < 1 for p in params) else None,
-        min_p=col([[p.min_p] for p in params], torch.float32) if any(p.min_p > 0 for p in params) else None,
+        top_p=(col([[p.top_p] for p in params], torch.float32)
+               if any(p.top_p < 1 for p in params) else None),
+        min_p=(col([[p.min_p] for p in params], torch.float32)
+               if any(p.min_p > 0 for p in params) else None),
         seed_lo=col([r.seed & M32 for r in reqs], torch.int64),
         seed_hi=col([(r.seed >> 32) & M32 for r in reqs], torch.int64),
         step=col(steps, torch.int64),

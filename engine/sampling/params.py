@@ -25,7 +25,8 @@ def _check(ok: bool, message: str) -> None:
 
 
 def _finite(name: str, value: float) -> None:
-    _check(isinstance(value, (int, float)) and math.isfinite(value), f"{name} must be a finite number, got {value!r}")
+    _check(isinstance(value, (int, float)) and math.isfinite(value),
+           f"{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,16 @@ class SamplingParams:
                f"top_k must be -1 or 0 (disabled) or a positive integer, got {self.top_k}")
         _finite("min_p", self.min_p)
         _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}")
-        _check(self.seed is None or 0 <= self.seed < 2**64, f"seed must be in [0, 2^64), got {self.seed}")
+        _check(self.seed is None or 0 <= self.seed < 2**64,
+               f"seed must be in [0, 2^64), got {self.seed}")
         _check(self.max_new_tokens is None or self.max_new_tokens >= 1,
                f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         _check(self.min_new_tokens >= 0, f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
         _check(self.max_new_tokens is None or self.min_new_tokens <= self.max_new_tokens,
-               f"min_new_tokens ({self.min_new_tokens}) must not exceed max_new_tokens ({self.max_new_tokens})")
-        _check(len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+               f"min_new_tokens ({self.min_new_tokens}) must not exceed max_new_tokens "
+               f"({self.max_new_tokens})")
+        _check(len(self.stop) <= MAX_STOP_STRINGS,
+               f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         for s in self.stop:
             _check(isinstance(s, str) and len(s) > 0, "stop strings must be non-empty")
             _check(len(s) <= MAX_STOP_STRING_LEN,
@@ -86,7 +90,8 @@ class SamplingParams:
                f"at most {MAX_STOP_TOKEN_IDS} stop token ids, got {len(self.stop_token_ids)}")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be >= 0")
         _finite("repetition_penalty", self.repetition_penalty)
-        _check(0 < self.repetition_penalty <= 2, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        _check(0 < self.repetition_penalty <= 2,
+               f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             _finite(name, value)
@@ -100,7 +105,8 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
 
     @property
     def wants_logprobs(self) -> bool:

@@ -1,8 +1,9 @@
 """The seeded draw: argmax over the vocabulary of logits / T + Gumbel noise, noise from a hash.
 
-argmax(l / T + g) with g = -log(-log(u)), u uniform, picks token i with probability softmax(l / T)_i,
-so no softmax is needed. u comes from a 32-bit hash of (the row's key, token id): a seeded request
-draws the same tokens whatever shares its batch, with no generator state and no host sync.
+argmax(l / T + g) with g = -log(-log(u)), u uniform, picks token i with probability
+softmax(l / T)_i, so no softmax is needed. u comes from a 32-bit hash of (the row's key, token id):
+a seeded request draws the same tokens whatever shares its batch, with no generator state and no
+host sync.
 
 On CUDA one Triton program per row walks the vocabulary once, hashing and comparing on the fly;
 the torch version below does the same arithmetic through (S, V) int64 temporaries, which at 256
@@ -46,7 +47,8 @@ def _uniform(noise: torch.Tensor) -> torch.Tensor:
 
 def race_torch(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor,
                greedy: torch.Tensor) -> torch.Tensor:
-    """logits (S, V) float, -inf where banned; temperature (S, 1); key (S,) int64 < 2^32; greedy (S,)."""
+    """logits (S, V) float, -inf where banned; temperature (S, 1); key (S,) int64 < 2^32;
+    greedy (S,)."""
     token_hash = _token_hash(logits.size(1), logits.device)
     gumbel = -torch.log(-torch.log(_uniform(mix32(key[:, None] ^ token_hash[None, :]))))
     scores = logits / temperature + torch.where(greedy[:, None], 0.0, gumbel)
@@ -62,7 +64,8 @@ if triton is not None:
         return x ^ (x >> 16)
 
     @triton.jit
-    def _race_kernel(logits_ptr, stride, temp_ptr, key_ptr, greedy_ptr, out_ptr, V, BLOCK: tl.constexpr):
+    def _race_kernel(logits_ptr, stride, temp_ptr, key_ptr, greedy_ptr, out_ptr, V,
+                     BLOCK: tl.constexpr):
         row = tl.program_id(0)
         inv_t = 1.0 / tl.load(temp_ptr + row)
         key = tl.load(key_ptr + row).to(tl.uint32)
@@ -72,7 +75,8 @@ if triton is not None:
         for start in range(0, V, BLOCK):
             idx = start + tl.arange(0, BLOCK)
             mask = idx < V
-            s = tl.load(logits_ptr + row * stride + idx, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+            s = tl.load(logits_ptr + row * stride + idx, mask=mask,
+                        other=float("-inf")).to(tl.float32) * inv_t
             salted = (idx.to(tl.int64) + 0x9E3779B9).to(tl.uint32)  # TOKEN_SALT
             u = (_mix(key ^ _mix(salted)).to(tl.float32) + 0.5) * (1.0 / 4294967296.0)
             s += tl.where(noisy, -tl.log(-tl.log(u)), 0.0)
@@ -83,13 +87,15 @@ if triton is not None:
         tl.store(out_ptr + row, tl.min(tl.where(best == top, best_idx, V), axis=0).to(tl.int64))
 
 
-def race(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+def race(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor,
+         greedy: torch.Tensor) -> torch.Tensor:
     """(S,) int64 sampled ids; see race_torch for the arguments."""
     if triton is None or not logits.is_cuda or logits.stride(1) != 1:
         return race_torch(logits, temperature, key, greedy)
     S, V = logits.shape
     out = torch.empty(S, dtype=torch.int64, device=logits.device)
     if S:
-        _race_kernel[(S,)](logits, logits.stride(0), temperature.reshape(S).contiguous(), key.contiguous(),
+        _race_kernel[(S,)](logits, logits.stride(0), temperature.reshape(S).contiguous(),
+                           key.contiguous(),
                            greedy.to(torch.int8).contiguous(), out, V, BLOCK=_BLOCK, num_warps=8)
     return out

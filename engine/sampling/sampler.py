@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-
 from radixserve.engine.sampling.race import M32, mix32, race
 
 
@@ -54,7 +53,8 @@ class SampleOutput(NamedTuple):
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, sb: SamplingBatch, token_pool: torch.Tensor) -> SampleOutput:
+    def __call__(self, logits: torch.Tensor, sb: SamplingBatch,
+                 token_pool: torch.Tensor) -> SampleOutput:
         """logits: (S, V) float32 (not modified in place when logprobs are wanted)."""
         raw = logits
         if sb.penalties is not None or sb.suppress is not None:
@@ -95,7 +95,7 @@ class Sampler:
                 drop |= torch.arange(probs.size(1), device=probs.device)[None, :] >= sb.top_k
                 sorted_p = sorted_p.masked_fill(drop, 0.0)
             if sb.top_p is not None:
-                # Keep the smallest head whose mass reaches top_p of what is left (at least one token).
+                # Keep the smallest head whose mass reaches top_p of what is left (>= 1 token).
                 csum = sorted_p.cumsum(dim=-1)
                 drop |= csum - sorted_p > sb.top_p * csum[:, -1:]
             keep &= ~drop.scatter(1, order, drop)
@@ -110,9 +110,11 @@ class Sampler:
         out = seen & (pos >= pen.prompt_lens[:, None])
         V = logits.size(1)
         toks = toks.clamp(0, V - 1)
-        counts = torch.zeros(len(pen.rows), V, device=logits.device).scatter_add_(1, toks, out.float())
-        present = torch.zeros(len(pen.rows), V, device=logits.device).scatter_add_(1, toks, seen.float()) > 0
+        zeros = lambda: torch.zeros(len(pen.rows), V, device=logits.device)
+        counts = zeros().scatter_add_(1, toks, out.float())
+        present = zeros().scatter_add_(1, toks, seen.float()) > 0
         sub = logits[pen.rows]
-        sub = torch.where(present, torch.where(sub > 0, sub / pen.repetition, sub * pen.repetition), sub)
+        sub = torch.where(present, torch.where(sub > 0, sub / pen.repetition, sub * pen.repetition),
+                          sub)
         sub = sub - pen.frequency * counts - pen.presence * (counts > 0).float()
         logits[pen.rows] = sub

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.kvcache.base import PrefixCache
@@ -101,7 +100,8 @@ class Scheduler:
         for req in list(self.running):  # a chunked prompt continues before anyone new is admitted
             if budget > 0 and req.status is ReqStatus.RUNNING and not req.prefill_done:
                 budget -= self._prefill_chunk(req, batch, budget)
-        while budget > 0 and self.waiting and self.table.num_free_slots > 0 and not self._retracted_this_step:
+        while (budget > 0 and self.waiting and self.table.num_free_slots > 0
+               and not self._retracted_this_step):
             req = self._next_waiting()
             if req is None or not self._admit(req):
                 break
@@ -181,7 +181,8 @@ class Scheduler:
         assert match.length == aligned, "a page inserted into the cache does not match"
         if already > req.cache_len:
             own = row[req.cache_len : already : P] // P  # copy before the row is rewritten
-            self.table.set_locations(req.slot, req.cache_len, match.locations[req.cache_len : already])
+            self.table.set_locations(req.slot, req.cache_len,
+                                     match.locations[req.cache_len : already])
             self.allocator.free(own)
         self.cache.lock(match.handle)
         self.cache.unlock(req.cache_handle)
@@ -198,7 +199,7 @@ class Scheduler:
             self._retract(self.running[-1])
 
     def _retract_until(self, pages: int, keep: set[Req]) -> None:
-        """Retract the most recently admitted requests not in `keep` until `pages` are obtainable."""
+        """Retract the latest admitted requests not in `keep` until `pages` are obtainable."""
         for req in reversed(list(self.running)):
             if self._obtainable() >= pages or not self.estimate.optimistic:
                 return
