@@ -3,8 +3,8 @@
 `RadixTree` is numpy-only (this package never imports torch); engine/kvcache/radix.py adapts it to
 the PrefixCache interface. The pure-Python twin (engine/kvcache/radix_py.py) runs the same checks
 below, so both backends reject the same inputs with the same exception and message. Arguments are
-checked twice on purpose (docs/conventions.md #9): here, so a user gets a TypeError or ValueError naming
-the bad argument, and again in C++, so nothing reaches a pointer unchecked.
+checked twice on purpose (docs/conventions.md #9): here, so a user gets a TypeError or ValueError
+naming the bad argument, and again in C++, so nothing reaches a pointer unchecked.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import operator
 from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import numpy as np
-
 from radixserve.native import load
 
 if TYPE_CHECKING:
