@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
 
     # Shown by `radixserve --help` only: main() hands `bench ...` to radixserve.bench unparsed.
-    p = sub.add_parser("bench", help="benchmarks (`radixserve bench --help` lists them)", add_help=False)
+    p = sub.add_parser("bench", help="benchmarks (`radixserve bench --help` lists them)",
+                       add_help=False)
     p.add_argument("name")
     p.add_argument("args", nargs=argparse.REMAINDER)
     return parser
@@ -236,7 +237,8 @@ def _frontend_config(args: argparse.Namespace) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    if words[:1] == ["bench"]:  # before argparse: every word after NAME is the benchmark's, --help too
+    # before argparse: every word after NAME is the benchmark's, --help too
+    if words[:1] == ["bench"]:
         from radixserve.bench import run  # the product's one import of the benchmarks
 
         return run(words[1] if len(words) > 1 else None, words[2:])

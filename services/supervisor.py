@@ -156,7 +156,8 @@ class Supervisor:
                     if self._stop_signal is not None or self._dead_child() is not None:
                         return False
                     if time.monotonic() > deadline:
-                        log.error("%s not ready after %.0f s", child.name, self._config.startup_timeout_s)
+                        log.error("%s not ready after %.0f s", child.name,
+                                  self._config.startup_timeout_s)
                         return False
                     time.sleep(POLL_S)
             log.info("%s ready", child.name)

@@ -52,7 +52,8 @@ def call_metadata(secret: str | None) -> Metadata:
 class _HeaderInterceptor(grpc.aio.ServerInterceptor):
     """Lets a call through when metadata `header` equals `expected`; otherwise UNAUTHENTICATED."""
 
-    def __init__(self, header: str, expected: str, open_prefixes: tuple[str, ...], refusal: str) -> None:
+    def __init__(self, header: str, expected: str, open_prefixes: tuple[str, ...],
+                 refusal: str) -> None:
         self._header = header
         self._expected = expected.encode()
         self._open = open_prefixes
@@ -102,7 +103,8 @@ def _denied(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandl
     async def deny(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    async def deny_stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def deny_stream(request_or_iterator: Any,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         await deny(request_or_iterator, context)
         yield  # never reached; makes this an async generator like the handler it replaces
 

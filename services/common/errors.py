@@ -21,7 +21,8 @@ StatusCallback = Callable[[str, grpc.StatusCode], None]
 
 
 RETRY_AFTER_KEY = "retry-after-ms"
-RETRY_AFTER_MS = 250  # the hint sent with RESOURCE_EXHAUSTED: about a few decode steps of a busy server
+# the hint sent with RESOURCE_EXHAUSTED: about a few decode steps of a busy server
+RETRY_AFTER_MS = 250
 
 
 class ServiceError(Exception):
@@ -166,7 +167,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         return wrapped
 
-    async def _fail(self, method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
+    async def _fail(self, method: str, exc: BaseException,
+                    context: grpc.aio.ServicerContext) -> None:
         """Answer `exc` with its status (context.abort raises AbortError, which ends the RPC)."""
         if isinstance(exc, asyncio.CancelledError):
             # The client went away or its deadline passed; grpc already knows the final status.
@@ -185,7 +187,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if isinstance(exc, Exception):
             log.exception("bug in %s", method)
             self._report(method, grpc.StatusCode.INTERNAL)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}")
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"internal error in {method}: {type(exc).__name__}")
 
 
 def _checked_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
@@ -195,7 +198,8 @@ def _checked_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
     `context.write`); the wrapper keeps the style, since grpc forbids mixing the two.
     """
 
-    def parsed(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    def parsed(requests: AsyncIterator[Any],
+               context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async def gen() -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, _Malformed):
@@ -206,7 +210,8 @@ def _checked_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
         return gen()
 
     if inspect.isasyncgenfunction(behavior):
-        async def streaming(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def streaming(requests: AsyncIterator[Any],
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             async for response in behavior(parsed(requests, context), context):
                 yield response
 

@@ -1,4 +1,4 @@
-"""Process lifecycle shared by the services: run until a signal, drain, stop; die with the parent."""
+"""Process lifecycle of the services: run until a signal, drain, stop; die with the parent."""
 
 from __future__ import annotations
 

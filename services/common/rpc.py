@@ -138,7 +138,8 @@ async def check_health(address: str, service: str = "", timeout: float = 1.0) ->
     async with grpc.aio.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service),
+                                     timeout=timeout)
         except grpc.aio.AioRpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -82,7 +82,8 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         )
 
 
-def _apply(state: DetokenizerState, request: pb.ProcessRequest) -> tuple[pb.SubscribeResponse, list[str]]:
+def _apply(state: DetokenizerState,
+           request: pb.ProcessRequest) -> tuple[pb.SubscribeResponse, list[str]]:
     """Runs on the worker thread: convert, detokenize, convert back."""
     result = state.apply(convert.step_from_pb(request))
     return convert.deltas_to_pb(result.deltas), result.abort_ids

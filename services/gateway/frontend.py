@@ -176,7 +176,8 @@ class Frontend(SchedulerEvents):
             for i, token in enumerate(ids):
                 if token >= info.vocab_size:
                     raise invalid_argument(
-                        f"token_ids[{i}] = {token} is outside the vocabulary (size {info.vocab_size})"
+                        f"token_ids[{i}] = {token} is outside the vocabulary (size "
+                        f"{info.vocab_size})"
                     )
             return ids
         result = await self._links.run_job(convert.tokenize_job_to_pb(rid, prompt))
@@ -201,7 +202,8 @@ class Frontend(SchedulerEvents):
         if wanted is None:
             # Unset: what fits after the prompt, capped by the server default (never below the
             # client's own min_new_tokens, which the length check below then judges).
-            wanted = max(min(limit - prompt_len, self._config.default_max_new_tokens), params.min_new_tokens)
+            wanted = max(min(limit - prompt_len, self._config.default_max_new_tokens),
+                         params.min_new_tokens)
         if prompt_len + wanted > limit:
             raise invalid_argument(
                 f"prompt + max_new_tokens exceed the context: {prompt_len} in prompt, "

@@ -135,7 +135,8 @@ class EngineLoop:
         self.engine: EngineLike | None = None
         self.stats: dict[str, Any] = {}  # replaced (never mutated) after each iteration
         self._beat: float | None = None  # when the loop last finished an iteration; None: not ready
-        self._steps = 0  # engine steps run; in the stats as engine_steps_total (abort latency bench)
+        # engine steps run; in the stats as engine_steps_total (abort latency bench)
+        self._steps = 0
         self._fired = False
 
     def start(self) -> None:
@@ -253,7 +254,8 @@ class EngineLoop:
 
     def _apply(self, engine: EngineLike, command: Command, it: _Iteration) -> None:
         if isinstance(command, AbortOwned):
-            doomed = [r for r, o in self._owner.items() if command.owner is None or o == command.owner]
+            doomed = [r for r, o in self._owner.items()
+                      if command.owner is None or o == command.owner]
             for rid in doomed:
                 self._abort(engine, rid, it)
             return
@@ -262,7 +264,8 @@ class EngineLoop:
         for rid in command.abort_ids:
             self._abort(engine, rid, it)
 
-    def _add(self, engine: EngineLike, owner: Hashable, group: list[NewRequest], it: _Iteration) -> None:
+    def _add(self, engine: EngineLike, owner: Hashable, group: list[NewRequest],
+             it: _Iteration) -> None:
         """Add every request of `group` or none: a member that cannot be added (queue full, too
         big) takes the ones added before it back out, and all get its status. Members after the
         first see the earlier ones waiting, so a group that does not fit the queue is refused."""
@@ -280,7 +283,8 @@ class EngineLoop:
                     engine.abort(taken.rid)
                 code = (grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, _QueueFull)
                         else grpc.StatusCode.INVALID_ARGUMENT)
-                it.rejected.setdefault(owner, []).extend(Rejection(r.rid, code, str(exc)) for r in group)
+                rejected = it.rejected.setdefault(owner, [])
+                rejected.extend(Rejection(r.rid, code, str(exc)) for r in group)
                 return
             added.append(req)
         for req in added:
@@ -325,7 +329,8 @@ def _warm_up(engine: EngineLike) -> None:
     rid = "__warmup__"
     vocab = int(engine.model_info.vocab_size)
     prompt = [i % vocab for i in range(1, 9)]
-    engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_new_tokens=2, ignore_eos=True))
+    engine.add_request(rid, prompt,
+                       SamplingParams(temperature=0.0, max_new_tokens=2, ignore_eos=True))
     while engine.has_work():
         engine.step()
     engine.check_integrity()

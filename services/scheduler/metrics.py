@@ -25,7 +25,8 @@ class EngineStatsCollector(Collector):
             "radixserve_queue_depth", "Requests waiting for admission", s.get("waiting_requests", 0)
         )
         yield GaugeMetricFamily(
-            "radixserve_running_requests", "Requests in the running batch", s.get("running_requests", 0)
+            "radixserve_running_requests", "Requests in the running batch",
+            s.get("running_requests", 0)
         )
         yield GaugeMetricFamily("radixserve_kv_pages_total", "KV cache pages", total)
         yield GaugeMetricFamily(
@@ -33,7 +34,8 @@ class EngineStatsCollector(Collector):
             (total - free) / total if total else 0.0,
         )
         yield GaugeMetricFamily(
-            "radixserve_prefix_cache_hit_rate", "Share of prompt tokens served from the prefix cache",
+            "radixserve_prefix_cache_hit_rate",
+            "Share of prompt tokens served from the prefix cache",
             s.get("cached_tokens_total", 0) / prompt if prompt else 0.0,
         )
         yield CounterMetricFamily(

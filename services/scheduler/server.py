@@ -146,7 +146,8 @@ class SchedulerApp:
                     raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
                 requests.append(convert.new_request_from_pb(new))
             except InvalidRequestError as exc:
-                rejected.append(_rejection(new.request_id, grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+                rejected.append(_rejection(new.request_id, grpc.StatusCode.INVALID_ARGUMENT,
+                                           str(exc)))
             except _Refused as exc:
                 rejected.append(_rejection(new.request_id, exc.code, str(exc)))
         if rejected and requests:
@@ -174,7 +175,8 @@ class _Refused(Exception):
 
 
 def _rejection(rid: str, code: grpc.StatusCode, message: str) -> pb.Rejection:
-    return pb.Rejection(request_id=rid, status=common_pb2.Status(code=code_number(code), message=message))
+    return pb.Rejection(request_id=rid,
+                        status=common_pb2.Status(code=code_number(code), message=message))
 
 
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
@@ -262,7 +264,8 @@ async def serve(
         max_running_requests=engine_config.max_running_requests,
         watchdog_s=watchdog_s,
     )
-    factory = faults.wrap_factory(lambda: EngineCore(engine_config))  # test hook; a no-op unless set
+    # test hook; a no-op unless set
+    factory = faults.wrap_factory(lambda: EngineCore(engine_config))
     app = SchedulerApp(factory, detokenizer_address, config, secret)
     served = await create_server(address, app)
     if metrics_port:

@@ -80,7 +80,8 @@ class TokenizerCore:
                 return self._encode_chat(job)
             return self._decode(job)
         except _USER_ERRORS as exc:
-            return JobFailure(grpc.StatusCode.INVALID_ARGUMENT, f"tokenizer rejected the input: {exc}")
+            return JobFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"tokenizer rejected the input: {exc}")
         except Exception as exc:  # a poison input fails only its own job
             log.exception("tokenizer job failed")
             return JobFailure(grpc.StatusCode.INTERNAL, f"tokenizer failed: {type(exc).__name__}")
@@ -105,4 +106,5 @@ class TokenizerCore:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"token id {bad[0]} is outside the vocabulary (size {self.info.vocab_size})",
             )
-        return str(self._tok.decode(list(job.token_ids), skip_special_tokens=job.skip_special_tokens))
+        return str(self._tok.decode(list(job.token_ids),
+                                    skip_special_tokens=job.skip_special_tokens))
