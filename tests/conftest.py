@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-
 from checkpoints import checkpoint
 
 

@@ -14,8 +14,8 @@ from radixserve.bench.models import write_model_dir
 
 
 def test_profile_times_each_phase_and_returns_every_page(tmp_path):
-    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=4, page_size=1,
-                      max_prefill_tokens=256)
+    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=4,
+                      page_size=1, max_prefill_tokens=256)
     rows = [profile.profile_batch(core, batch, prompt_len=40, steps=5, trace=0) for batch in (1, 3)]
     assert [r["batch"] for r in rows] == [1, 3]
     for row in rows:
@@ -27,8 +27,8 @@ def test_profile_times_each_phase_and_returns_every_page(tmp_path):
 
 
 def test_profile_prefill_runs_every_token_in_one_step_and_returns_every_page(tmp_path):
-    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=16, page_size=1,
-                      max_prefill_tokens=256)
+    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=16,
+                      page_size=1, max_prefill_tokens=256)
     rows, kernels = profile.profile_prefill(core, tokens=70, runs=2, top=5)
     assert [r["run"] for r in rows] == ["profiled", "plain 1", "plain 2", "plain median"]
     for row in rows:
@@ -38,7 +38,8 @@ def test_profile_prefill_runs_every_token_in_one_step_and_returns_every_page(tmp
     assert rows[-1]["step_ms"] == statistics.median(r["step_ms"] for r in rows[1:3])
     # On a CPU the ops are the kernels: sorted by self time, shares of the step's summed op time.
     assert len(kernels) == 5 and all(k["calls"] >= 1 and k["total_us"] > 0 for k in kernels)
-    assert [k["total_us"] for k in kernels] == sorted((k["total_us"] for k in kernels), reverse=True)
+    assert [k["total_us"] for k in kernels] == sorted((k["total_us"] for k in kernels),
+                                                      reverse=True)
     assert 0 < sum(k["share"] for k in kernels) <= 1
     assert rows[0]["kernels_ms"] * 1e3 >= sum(k["total_us"] for k in kernels) * (1 - 1e-9)
     assert not core.has_work()
@@ -51,7 +52,8 @@ def test_profile_prefill_cli_writes_rows_and_kernels(tmp_path, capsys):
                   "--prefill", "40", "--json", str(out)])
     data = json.loads(out.read_text())
     assert data["args"]["prefill"] == 40
-    assert [r["run"] for r in data["rows"]] == ["profiled", "plain 1", "plain 2", "plain 3", "plain median"]
+    assert [r["run"] for r in data["rows"]] == ["profiled", "plain 1", "plain 2", "plain 3",
+                                                "plain median"]
     assert all(r["tokens"] == 40 and r["step_ms"] > 0 for r in data["rows"])
     assert data["kernels"] and {"kernel", "calls", "total_us", "share"} <= set(data["kernels"][0])
     printed = capsys.readouterr().out

@@ -9,7 +9,6 @@ import importlib
 from pathlib import Path
 
 import pytest
-
 from radixserve.bench import BENCHMARKS
 from radixserve.services.cli import main
 
@@ -19,7 +18,8 @@ BENCH = ROOT / "bench"
 
 def test_every_benchmark_module_is_registered_by_its_file_name() -> None:
     with_main = {p.stem for p in BENCH.glob("*.py")
-                 if any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in ast.parse(p.read_text()).body)}
+                 if any(isinstance(n, ast.FunctionDef) and n.name == "main"
+                        for n in ast.parse(p.read_text()).body)}
     assert with_main == set(BENCHMARKS)
 
 
@@ -51,4 +51,5 @@ def test_product_does_not_import_the_benchmarks() -> None:
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-                assert not any(n == "radixserve.bench" or n.startswith("radixserve.bench.") for n in names), path
+                assert not any(n == "radixserve.bench" or n.startswith("radixserve.bench.")
+                               for n in names), path

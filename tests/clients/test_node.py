@@ -102,12 +102,16 @@ const { GenerateClient } = require(process.argv[1]);
   out.tokens = await c.generateText({ tokenIds: [104, 105] }, { maxNewTokens: 3, n: 1 });
   try { await c.generateText('ab', { n: 2 }); } catch (err) { out.refusedN = err.name; }
   out.indexes = [];
-  for await (const ev of c.generate('ab', { n: 1 })) { if (ev.type !== 'started') out.indexes.push(ev.index); }
+  for await (const ev of c.generate('ab', { n: 1 })) {
+    if (ev.type !== 'started') out.indexes.push(ev.index);
+  }
   let n = 0;
   for await (const ev of c.generate('long')) { if (ev.type === 'delta' && ++n === 3) break; }
   out.broke = n;
   try { await c.generateText('error:RESOURCE_EXHAUSTED queue full'); }
-  catch (err) { out.error = { name: err.name, code: err.code, codeName: err.codeName, details: err.details }; }
+  catch (err) {
+    out.error = { name: err.name, code: err.code, codeName: err.codeName, details: err.details };
+  }
   out.tokenize = await c.tokenize('ab');
   out.detokenize = await c.detokenize([104, 105]);
   out.aborted = await c.abort(['x', 'y']);

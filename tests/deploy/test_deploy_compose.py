@@ -61,7 +61,8 @@ def test_compose_config_validates(files: tuple[os.PathLike[str], ...]) -> None:
     resolved = yaml.safe_load(result.stdout)
     assert set(resolved["services"]) == set(SERVICES)
     gpu = len(files) == 2
-    assert resolved["services"]["scheduler"]["image"] == ("radixserve:cuda" if gpu else "radixserve:cpu")
+    assert resolved["services"]["scheduler"]["image"] == ("radixserve:cuda" if gpu
+                                                          else "radixserve:cpu")
 
 
 def test_compose_refuses_to_start_without_the_env_file(tmp_path: Any) -> None:
@@ -70,7 +71,7 @@ def test_compose_refuses_to_start_without_the_env_file(tmp_path: Any) -> None:
     assert "env file" in result.stderr.lower()
 
 
-# -- (b) topology -----------------------------------------------------------------------------------
+# -- (b) topology ----------------------------------------------------------------------------------
 
 
 def _listen_port(service: dict[str, Any]) -> str:
@@ -120,7 +121,8 @@ def test_depends_on_every_backend_it_dials_until_healthy(spec: dict[str, Any]) -
                 host, _, port = address.rpartition(":")
                 assert host in services and port == ports[host], f"{name}: {key}={address}"
                 dials[host] = "service_healthy"
-        conditions = {dep: cond["condition"] for dep, cond in (service.get("depends_on") or {}).items()}
+        conditions = {dep: cond["condition"]
+                      for dep, cond in (service.get("depends_on") or {}).items()}
         assert conditions == dials, name
     # Startup order is a chain: detokenizer -> scheduler -> gateway, tokenizer -> gateway.
     assert set(services["scheduler"]["depends_on"]) == {"detokenizer"}
@@ -187,7 +189,8 @@ def test_dockerfile_targets_builders_and_runtimes() -> None:
         runtime = stages[target]
         # Same base as its builder, pinned by an explicit tag.
         assert runtime.base == stages[builder].base
-        assert re.fullmatch(r"[\w./-]+:[\w.-]+", runtime.base) and not runtime.base.endswith(":latest")
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+", runtime.base)
+        assert not runtime.base.endswith(":latest")
         # The builder compiles the extension; the runtime has no compiler and runs as non-root.
         assert re.search(r"\bg\+\+|build-essential", stages[builder].body)
         assert not re.search(r"\b(g\+\+|gcc|clang|build-essential|make|cmake)\b", runtime.body)

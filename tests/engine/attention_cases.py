@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-
 from radixserve.engine.attention import StepLayout
 from radixserve.engine.kvcache.pool import KVCachePool
 
@@ -32,7 +31,8 @@ class Case:
     spare_page: int  # a page no request uses (a dummy page for padded rows)
 
 
-def _lengths(kind: Kind, batch: int, page_size: int, g: torch.Generator) -> tuple[list[int], list[int]]:
+def _lengths(kind: Kind, batch: int, page_size: int,
+             g: torch.Generator) -> tuple[list[int], list[int]]:
     def rnd(lo: int, hi: int) -> int:
         return int(torch.randint(lo, hi + 1, (1,), generator=g))
 
@@ -48,8 +48,8 @@ def _lengths(kind: Kind, batch: int, page_size: int, g: torch.Generator) -> tupl
     return prefix, ext
 
 
-def make_case(kind: Kind, batch: int, page_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-              dtype: torch.dtype, device: torch.device, seed: int) -> Case:
+def make_case(kind: Kind, batch: int, page_size: int, num_heads: int, num_kv_heads: int,
+              head_dim: int, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
     g = torch.Generator().manual_seed(seed)
     P = page_size
     prefix, ext = _lengths(kind, batch, P, g)
@@ -78,7 +78,8 @@ def make_case(kind: Kind, batch: int, page_size: int, num_heads: int, num_kv_hea
     v = kv[:, num_kv_heads * head_dim : 2 * num_kv_heads * head_dim].view(T, num_kv_heads, head_dim)
     out_loc = torch.cat([page_table[s, p:e] for s, p, e in zip(slots, prefix, seq)])
     page_table = page_table.to(device)
-    layout = StepLayout(torch.tensor(slots, device=device), prefix, seq, out_loc.to(device), page_table, P)
+    layout = StepLayout(torch.tensor(slots, device=device), prefix, seq, out_loc.to(device),
+                        page_table, P)
     return Case(layout, pool, q, k, v, slots, prefix, seq, int(order[need]))
 
 
@@ -114,5 +115,7 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def check_store(case: Case) -> None:
     """The backend wrote this step's K/V at out_loc (layer LAYER only)."""
     loc = case.layout.out_loc
-    torch.testing.assert_close(case.pool.k[LAYER][loc], case.k.to(case.pool.k.dtype), rtol=0, atol=0)
-    torch.testing.assert_close(case.pool.v[LAYER][loc], case.v.to(case.pool.v.dtype), rtol=0, atol=0)
+    torch.testing.assert_close(case.pool.k[LAYER][loc], case.k.to(case.pool.k.dtype), rtol=0,
+                               atol=0)
+    torch.testing.assert_close(case.pool.v[LAYER][loc], case.v.to(case.pool.v.dtype), rtol=0,
+                               atol=0)

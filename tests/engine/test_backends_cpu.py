@@ -10,7 +10,6 @@ import types
 
 import pytest
 import torch
-
 from attention_cases import LAYER, check_store, make_case, reference, rel_error
 from radixserve.engine.attention import create_backend, resolve_backend_name
 from radixserve.engine.attention.base import page_indices, pages_per_request
@@ -69,7 +68,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
 
 def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False, **_):
     assert causal and q.dtype == k.dtype
-    outs = [_attend(q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]], softmax_scale)
+    outs = [_attend(q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]],
+                    softmax_scale)
             for i in range(len(cu_q) - 1)]
     return torch.cat(outs)
 
@@ -83,7 +83,8 @@ def _paged_keys(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.T
 def _with_kvcache_fa2(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
                       causal=False, **_):
     assert causal and block_table is not None and k_cache.size(1) % 256 == 0
-    outs = [_attend(q[i], _paged_keys(k_cache, block_table[i], int(n)), _paged_keys(v_cache, block_table[i], int(n)),
+    outs = [_attend(q[i], _paged_keys(k_cache, block_table[i], int(n)),
+                    _paged_keys(v_cache, block_table[i], int(n)),
                     softmax_scale) for i, n in enumerate(cache_seqlens)]
     return torch.stack(outs)  # (B, q_len, nh, hd)
 
@@ -93,7 +94,8 @@ def _with_kvcache_fa3(q, k_cache, v_cache, cache_seqlens=None, page_table=None, 
     assert causal and page_table is not None and cu_seqlens_q is not None
     cu = cu_seqlens_q
     outs = [_attend(q[cu[i] : cu[i + 1]], _paged_keys(k_cache, page_table[i], int(n)),
-                    _paged_keys(v_cache, page_table[i], int(n)), softmax_scale) for i, n in enumerate(cache_seqlens)]
+                    _paged_keys(v_cache, page_table[i], int(n)), softmax_scale)
+            for i, n in enumerate(cache_seqlens)]
     return torch.cat(outs)
 
 
@@ -139,6 +141,7 @@ def test_fa_graph_metadata_decode(fake_flash_attn, page_size):
     b.plan_graph(4, case.layout)
     out_loc[:3] = case.layout.out_loc
     q = torch.cat([case.q, torch.randn(1, NH, HD)])
-    k, v = torch.cat([case.k, torch.randn(1, NKV, HD)]), torch.cat([case.v, torch.randn(1, NKV, HD)])
+    k = torch.cat([case.k, torch.randn(1, NKV, HD)])
+    v = torch.cat([case.v, torch.randn(1, NKV, HD)])
     out = b.forward(q, k, v, LAYER, meta, case.pool)
     assert rel_error(out[:3], reference(case, HD**-0.5)) < 1e-5

@@ -12,19 +12,21 @@ import importlib.util
 
 import pytest
 import torch
-
 from attention_cases import LAYER, check_store, make_case, reference, rel_error
 from radixserve.engine.attention import create_backend
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
-HAS_FA = any(importlib.util.find_spec(m) is not None for m in ("flash_attn_interface", "flash_attn"))
+HAS_FA = any(importlib.util.find_spec(m) is not None
+             for m in ("flash_attn_interface", "flash_attn"))
 BACKENDS = [
     "torch",
-    pytest.param("flashinfer", marks=pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer missing")),
+    pytest.param("flashinfer",
+                 marks=pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer missing")),
     pytest.param("fa", marks=pytest.mark.skipif(not HAS_FA, reason="flash-attn missing")),
-    pytest.param("torch,flashinfer", marks=pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer missing")),
+    pytest.param("torch,flashinfer",
+                 marks=pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer missing")),
 ]
 NH, NKV, HD = 16, 8, 128  # Qwen3-0.6B's attention shape (GQA group 2)
 TOL = 1e-2  # bf16 operands
@@ -38,7 +40,8 @@ def test_backend_matches_float64(backend, page_size, kind, batch):
     dev = torch.device("cuda")
     b = create_backend(backend, NH, NKV, HD, dev, torch.bfloat16)
     for seed in range(2):  # fresh inputs each round, the plan reused across layers and rounds
-        case = make_case(kind, batch, page_size, NH, NKV, HD, torch.bfloat16, dev, seed=1000 * batch + seed)
+        case = make_case(kind, batch, page_size, NH, NKV, HD, torch.bfloat16, dev,
+                         seed=1000 * batch + seed)
         meta = b.prepare(case.layout)
         out = b.forward(case.q, case.k, case.v, LAYER, meta, case.pool)
         torch.cuda.synchronize()
@@ -51,7 +54,7 @@ def test_backend_matches_float64(backend, page_size, kind, batch):
 @pytest.mark.parametrize("backend", BACKENDS[1:3])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_graph_decode_matches_float64(backend, page_size):
-    """The graph path: plan_graph on a padded batch, the captured metadata replayed as a CUDA graph."""
+    """The graph path: plan_graph on a padded batch, captured metadata replayed as a CUDA graph."""
     dev = torch.device("cuda")
     b = create_backend(backend, NH, NKV, HD, dev, torch.bfloat16)
     case = make_case("decode", 5, page_size, NH, NKV, HD, torch.bfloat16, dev, seed=7)

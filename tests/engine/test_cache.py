@@ -7,7 +7,6 @@ import random
 import numpy as np
 import pytest
 import torch
-
 from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.kvcache.radix import (

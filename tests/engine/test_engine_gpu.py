@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from checkpoints import _common, _save
 from radixserve.engine import LLM, SamplingParams
 
@@ -30,7 +29,8 @@ LOGPROB_TOL = 5e-2
 CONFIGS: dict[str, dict[str, Any]] = {
     "flashinfer+graphs": {"attention_backend": "flashinfer"},
     "flashinfer eager": {"attention_backend": "flashinfer", "cuda_graph": False},
-    "flashinfer page1 chunked": {"attention_backend": "flashinfer", "page_size": 1, "max_prefill_tokens": 48},
+    "flashinfer page1 chunked": {"attention_backend": "flashinfer", "page_size": 1,
+                                 "max_prefill_tokens": 48},
     "flashinfer no-overlap": {"attention_backend": "flashinfer", "overlap": False},
     "torch eager": {"attention_backend": "torch", "cuda_graph": False},
     "auto, memory-sized pool": {"num_pages": None, "memory_fraction": 0.05},
@@ -45,12 +45,14 @@ def qwen3_hd128(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("qwen3-hd128")
     arch = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
             "intermediate_size": 512, "num_hidden_layers": 4}
-    return _save(Qwen3ForCausalLM, Qwen3Config(**(_common(path) | arch), tie_word_embeddings=True), path, 11)
+    return _save(Qwen3ForCausalLM, Qwen3Config(**(_common(path) | arch), tie_word_embeddings=True),
+                 path, 11)
 
 
 def _prompts(vocab: int) -> list[list[int]]:
     rng = random.Random(5)
-    return [[rng.randrange(3, vocab) for _ in range(rng.randint(5, 150))] for _ in range(NUM_PROMPTS)]
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(5, 150))]
+            for _ in range(NUM_PROMPTS)]
 
 
 @torch.inference_mode()
@@ -82,7 +84,8 @@ def compare(hf: Any, hf32: Any, prompts: list[list[int]], outs: list[Any]) -> di
         identical += same
     return {"prompts": len(prompts), "identical_prompts": identical, "tokens_agreed": agreed,
             "tokens_compared": total, "agreement": agreed / total, "max_logprob_diff": max_diff,
-            "top5_at_divergence": top5_ok, "engine_vs_fp32": engine_vs_fp32, "hf_bf16_vs_fp32": hf_vs_fp32}
+            "top5_at_divergence": top5_ok, "engine_vs_fp32": engine_vs_fp32,
+            "hf_bf16_vs_fp32": hf_vs_fp32}
 
 
 def _record(row: dict[str, Any]) -> None:
@@ -99,7 +102,8 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     config = {"num_pages": 2048, "max_running_requests": 16, **CONFIGS[name]}
     llm = LLM(str(qwen3_hd128), device="cuda", dtype="bfloat16", **config)
     prompts = _prompts(llm.core.model_info.vocab_size)
-    params = SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS, ignore_eos=True, top_logprobs=TOP)
+    params = SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS, ignore_eos=True,
+                            top_logprobs=TOP)
     outs = llm.generate(prompts, params)
     llm.core.check_integrity()
     backend = type(llm.core.runner.backend).__name__
@@ -110,9 +114,11 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     hf = AutoModelForCausalLM.from_pretrained(str(qwen3_hd128), dtype=torch.bfloat16).cuda().eval()
     hf32 = AutoModelForCausalLM.from_pretrained(str(qwen3_hd128), dtype=torch.float32).cuda().eval()
     stats = compare(hf, hf32, prompts, outs)
-    _record({"test": "engine_vs_transformers_bf16", "config": name, "backend": backend, "graphs": graphs, **stats})
+    _record({"test": "engine_vs_transformers_bf16", "config": name, "backend": backend,
+             "graphs": graphs, **stats})
     assert all(len(o.token_ids) == NEW_TOKENS for o in outs)
-    assert len({tuple(o.token_ids) for o in outs}) == NUM_PROMPTS, "outputs should differ across prompts"
+    distinct = {tuple(o.token_ids) for o in outs}
+    assert len(distinct) == NUM_PROMPTS, "outputs should differ across prompts"
     assert stats["top5_at_divergence"], stats
     # This random model's logits are steep (its init makes greedy output vary), so bf16 alone moves
     # logprobs by tenths: the engine's error must stay within transformers bf16's own.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from attention_cases import rel_error
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -33,7 +32,8 @@ def test_qk_norm_rope(norm, tokens, nh, nkv, hd):
     from radixserve.engine.layers.rotary import RotaryEmbedding
 
     rot = RotaryEmbedding(hd, 4096, 1e6, None).cuda()
-    qkv = torch.randn(tokens, (nh + 2 * nkv) * hd + 16, device="cuda").bfloat16()[:, :-16]  # strided rows
+    # strided rows
+    qkv = torch.randn(tokens, (nh + 2 * nkv) * hd + 16, device="cuda").bfloat16()[:, :-16]
     pos = torch.randint(0, 4096, (tokens,), device="cuda")
     qw = (1 + 0.1 * torch.randn(hd, device="cuda")).bfloat16() if norm else None
     kw = (1 + 0.1 * torch.randn(hd, device="cuda")).bfloat16() if norm else None
@@ -53,7 +53,8 @@ def test_qk_norm_rope(norm, tokens, nh, nkv, hd):
     k_cache = torch.zeros(4 * tokens + 8, nkv, hd, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.zeros_like(k_cache)
     loc = torch.randperm(k_cache.size(0), device="cuda")[:tokens]
-    q2, none = fused.qk_norm_rope(qkv, pos, rot.cos, rot.sin, qw, kw, 1e-6, nh, nkv, hd, (k_cache, v_cache, loc))
+    q2, none = fused.qk_norm_rope(qkv, pos, rot.cos, rot.sin, qw, kw, 1e-6, nh, nkv, hd,
+                                  (k_cache, v_cache, loc))
     assert none is None and torch.equal(q2, q) and torch.equal(k_cache[loc], k)
     assert torch.equal(v_cache[loc], qkv[:, (nh + nkv) * hd :].reshape(tokens, nkv, hd))
     untouched = torch.ones(k_cache.size(0), dtype=torch.bool, device="cuda")
@@ -74,7 +75,8 @@ def test_silu_and_mul(rows, inter):
 def test_add_rms_norm(rows, dim):
     from radixserve.engine.layers import fused
 
-    x = torch.randn(rows, dim + 8, device="cuda").bfloat16()[:, :dim]  # strided rows, as sublayer outputs
+    # strided rows, as sublayer outputs
+    x = torch.randn(rows, dim + 8, device="cuda").bfloat16()[:, :dim]
     res = (torch.randn(rows, dim, device="cuda") * 3).bfloat16()
     w = (1 + 0.1 * torch.randn(dim, device="cuda")).bfloat16()
     total = x.double() + res.double()
@@ -83,7 +85,9 @@ def test_add_rms_norm(rows, dim):
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
-@pytest.mark.parametrize("n,k,bias", [(1024, 2048, False), (1000, 3000, True), (1024, 3072, False), (7, 33, True)])
+@pytest.mark.parametrize("n,k,bias",
+                         [(1024, 2048, False), (1000, 3000, True), (1024, 3072, False),
+                          (7, 33, True)])
 def test_gemv(rows, n, k, bias):
     from radixserve.engine.layers import gemv
 
@@ -100,7 +104,7 @@ def test_gemv(rows, n, k, bias):
 @pytest.mark.parametrize("rows", [1, 2, 4])
 @pytest.mark.parametrize("n,k", [(1024, 3072), (500, 300)])
 def test_gated_gemv(rows, n, k):
-    """down_proj with SiLU-mul folded in, against silu(gate) * up rounded as the eager layers round."""
+    """down_proj with SiLU-mul folded in, against silu(gate) * up rounded as eager layers round."""
     from radixserve.engine.layers import fused, gemv
 
     gate_up = (torch.randn(rows, 2 * k, device="cuda") * 2).bfloat16()
@@ -118,7 +122,8 @@ def test_normed_gemv(rows, n, k, bias, with_residual):
     stream match add_rms_norm + F.linear; the residual passed in is not written."""
     from radixserve.engine.layers import gemv
 
-    x = torch.randn(rows, k + 8, device="cuda").bfloat16()[:, :k]  # strided rows, as sublayer outputs
+    # strided rows, as sublayer outputs
+    x = torch.randn(rows, k + 8, device="cuda").bfloat16()[:, :k]
     res = (torch.randn(rows, k, device="cuda") * 3).bfloat16() if with_residual else None
     res_before = res.clone() if res is not None else None
     nw = (1 + 0.1 * torch.randn(k, device="cuda")).bfloat16()

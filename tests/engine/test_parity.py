@@ -7,7 +7,6 @@ import random
 
 import pytest
 import torch
-
 from checkpoints import assert_outputs_vary, hf_greedy, hf_logits
 from radixserve.engine import SamplingParams
 
@@ -17,7 +16,8 @@ NEW_TOKENS = 16
 def mixed_prompts(n: int = 16, seed: int = 0, vocab: int = 1000) -> list[list[int]]:
     """Prompts from 3 to 90 tokens; the long ones need several chunks at a 16-token budget."""
     rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(rng.choice([3, 7, 15, 16, 17, 33, 64, 90]))] for _ in range(n)]
+    return [[rng.randrange(3, vocab) for _ in range(rng.choice([3, 7, 15, 16, 17, 33, 64, 90]))]
+            for _ in range(n)]
 
 
 def greedy(n: int = NEW_TOKENS) -> SamplingParams:
@@ -44,7 +44,8 @@ CONFIGS = {
     "no_overlap": {"overlap": False},
     "naive_cache": {"cache": "naive"},
     "chunked_page4_no_overlap": {"max_prefill_tokens": 16, "page_size": 4, "overlap": False},
-    "lpm_small_batch": {"schedule_policy": "lpm", "max_running_requests": 4, "max_prefill_tokens": 32},
+    "lpm_small_batch": {"schedule_policy": "lpm", "max_running_requests": 4,
+                        "max_prefill_tokens": 32},
 }
 
 
@@ -64,7 +65,8 @@ def test_batched_greedy_matches_transformers(kind, config, ckpt, references, mak
 def test_prefix_cache_hits_keep_outputs(kind, page_size, ckpt, references, make_llm):
     rng = random.Random(1)
     shared = [rng.randrange(3, 1000) for _ in range(40)]
-    prompts = [shared + [rng.randrange(3, 1000) for _ in range(rng.randint(1, 20))] for _ in range(8)]
+    prompts = [shared + [rng.randrange(3, 1000) for _ in range(rng.randint(1, 20))]
+               for _ in range(8)]
     ref = references(kind, prompts)
     llm = make_llm(ckpt(kind), page_size=page_size, max_prefill_tokens=32)
     first = llm.generate(prompts[:1], greedy())  # warms the cache with the shared prefix
@@ -78,7 +80,8 @@ def test_prefix_cache_hits_keep_outputs(kind, page_size, ckpt, references, make_
 
 def test_radix_and_naive_agree(ckpt, make_llm):
     prompts = mixed_prompts(seed=3)
-    radix_llm, naive_llm = make_llm(ckpt("qwen3"), cache="radix"), make_llm(ckpt("qwen3"), cache="naive")
+    radix_llm = make_llm(ckpt("qwen3"), cache="radix")
+    naive_llm = make_llm(ckpt("qwen3"), cache="naive")
     # Second round repeats the prompts after the first finished, so the radix cache can hit.
     radix = radix_llm.generate(prompts, greedy()) + radix_llm.generate(prompts, greedy())
     naive = naive_llm.generate(prompts, greedy()) + naive_llm.generate(prompts, greedy())
@@ -97,8 +100,11 @@ def test_sharded_untied_checkpoint_loads(ckpt, make_llm):
 def test_logprobs_match_transformers(kind, ckpt, make_llm):
     prompt = mixed_prompts(1, seed=7)[0]
     llm = make_llm(ckpt(kind))
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True, top_logprobs=5))[0]
-    ref = torch.log_softmax(hf_logits(ckpt(kind), prompt + out.token_ids[:-1]), dim=-1)[len(prompt) - 1 :]
+    out = llm.generate([prompt],
+                       SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True,
+                                      top_logprobs=5))[0]
+    ref = torch.log_softmax(hf_logits(ckpt(kind), prompt + out.token_ids[:-1]),
+                            dim=-1)[len(prompt) - 1 :]
     for i, lp in enumerate(out.logprobs):
         assert abs(lp.logprob - ref[i, out.token_ids[i]].item()) < 2e-3
         for token, value in lp.top:
@@ -110,7 +116,8 @@ def test_completions_of_one_prompt_compute_its_kv_once(ckpt, make_llm):
     """Requests that follow the first of n completions (`after`) wait one step for its prompt
     pages to reach the radix cache, then reuse them: same tokens, the prompt computed once."""
     prompt = list(range(3, 43))  # 40 tokens: two full pages of 16, then 8
-    params = [SamplingParams(temperature=1.0, seed=s, max_new_tokens=8, ignore_eos=True) for s in (1, 2, 3)]
+    params = [SamplingParams(temperature=1.0, seed=s, max_new_tokens=8, ignore_eos=True)
+              for s in (1, 2, 3)]
 
     def run(follow: bool) -> tuple[list[list[int]], int, list[int]]:
         core = make_llm(ckpt("qwen3"), page_size=16).core

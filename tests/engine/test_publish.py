@@ -1,9 +1,8 @@
-"""Prefill pages reach the prefix cache as soon as they are computed, not only when a request ends."""
+"""Prefill pages reach the prefix cache as soon as they are computed, not only when requests end."""
 
 from __future__ import annotations
 
 import pytest
-
 from checkpoints import checkpoint
 from radixserve.engine import SamplingParams
 
@@ -28,7 +27,8 @@ def drain(core) -> dict[str, list[int]]:
 def test_a_request_arriving_mid_decode_reuses_the_running_prefill(path, make_llm, overlap):
     alone = make_llm(path).generate([PREFIX + [11, 12]], GREEDY)[0].token_ids
     core = make_llm(path, page_size=16, overlap=overlap).core
-    core.add_request("first", PREFIX + [5, 6, 7], SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True))
+    core.add_request("first", PREFIX + [5, 6, 7],
+                     SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True))
     for _ in range(4):  # prefill, then a few decode steps: "first" is still running
         core.step()
     core.add_request("second", PREFIX + [11, 12], GREEDY)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from radixserve.engine import SamplingParams
 from radixserve.engine.request import ReqStatus
 
@@ -19,7 +18,8 @@ def path(tmp_path_factory):
 
 def make_prompts(n: int) -> list[list[int]]:
     # Varied lengths (8..31) and a few shared prefixes, so the radix cache has something to reuse.
-    return [([11, 12, 13, 14] if i % 3 == 0 else []) + [(i * 37 + j * 11) % 900 + 3 for j in range(8 + i % 24)]
+    return [([11, 12, 13, 14] if i % 3 == 0 else [])
+            + [(i * 37 + j * 11) % 900 + 3 for j in range(8 + i % 24)]
             for i in range(n)]
 
 
@@ -38,7 +38,9 @@ def greedy_reference(path, tmp_path_factory):
 
     llm = LLM(str(path), device="cpu", dtype="float32")
     prompts = make_prompts(32)
-    return prompts, ids(llm.generate(prompts, SamplingParams(temperature=0, max_new_tokens=MAX_NEW, ignore_eos=True)))
+    return prompts, ids(llm.generate(prompts,
+                                     SamplingParams(temperature=0, max_new_tokens=MAX_NEW,
+                                                    ignore_eos=True)))
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -56,7 +58,7 @@ def test_pressure_keeps_greedy_outputs(path, make_llm, greedy_reference, overlap
         retractions = llm.core.stats()["retractions_total"]
         if admission == "optimistic":
             assert retractions > 0
-            # With overlap, a retracted request has a sampled token in flight: the case to get right.
+            # With overlap, a retracted request has a sampled token in flight: the tricky case.
             assert any(in_flight) == overlap
         else:
             assert retractions == 0
@@ -89,8 +91,10 @@ def test_pressure_with_chunked_prefill(path, make_llm, greedy_reference, overlap
 @pytest.mark.parametrize("overlap", [True, False])
 def test_pressure_keeps_seeded_samples(path, make_llm, overlap):
     prompts = make_prompts(24)
-    params = [SamplingParams(temperature=1.0, top_p=0.95, top_k=40, seed=100 + i, max_new_tokens=MAX_NEW,
-                             ignore_eos=True, repetition_penalty=1.1 if i % 2 else 1.0, min_new_tokens=4)
+    params = [SamplingParams(temperature=1.0, top_p=0.95, top_k=40, seed=100 + i,
+                             max_new_tokens=MAX_NEW,
+                             ignore_eos=True, repetition_penalty=1.1 if i % 2 else 1.0,
+                             min_new_tokens=4)
               for i in range(len(prompts))]
     roomy = ids(make_llm(path, overlap=overlap).generate(prompts, params))
     tight = make_llm(path, num_pages=int(0.3 * demand_pages(prompts, MAX_NEW, 4)), page_size=4,
@@ -133,7 +137,8 @@ def test_admission_is_validated(path):
 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("cache", ["radix", "naive"])
-def test_abort_while_retracted_and_while_readmitted(path, make_llm, greedy_reference, overlap, cache):
+def test_abort_while_retracted_and_while_readmitted(path, make_llm, greedy_reference, overlap,
+                                                    cache):
     """docs/reliability.md #11: abort requests that sit in the queue after a retraction, and
     requests that are being admitted again (small prefill chunks: prompt + outputs take several
     steps to re-prefill; with the naive cache nothing of it is reused, so the re-prefill always

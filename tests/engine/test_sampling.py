@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 import torch
-
 from radixserve.engine import InvalidRequestError, SamplingParams
 
 PROMPTS = [[5, 17, 99, 203, 7], [300, 2, 41], [12, 12, 12, 800, 45, 46, 47, 48], [600, 601]]
@@ -25,16 +24,21 @@ def ids(outs):
 
 def test_temperature_zero_and_top_k_one_are_greedy(path, make_llm):
     llm = make_llm(path)
-    greedy = ids(llm.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)))
-    top1 = ids(llm.generate(PROMPTS, SamplingParams(temperature=0.8, top_k=1, max_new_tokens=12, ignore_eos=True)))
+    greedy = ids(llm.generate(PROMPTS,
+                              SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)))
+    top1 = ids(llm.generate(PROMPTS,
+                            SamplingParams(temperature=0.8, top_k=1, max_new_tokens=12,
+                                           ignore_eos=True)))
     assert greedy == top1
 
 
 def test_seed_reproducible_whatever_the_batch(path, make_llm):
     llm = make_llm(path)
-    p = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, seed=1234, max_new_tokens=16, ignore_eos=True)
+    p = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, seed=1234,
+                       max_new_tokens=16, ignore_eos=True)
     alone = llm.generate(PROMPTS[:1], p)[0].token_ids
-    others = [SamplingParams(temperature=0.7, seed=s, max_new_tokens=9, ignore_eos=True) for s in range(5)]
+    others = [SamplingParams(temperature=0.7, seed=s, max_new_tokens=9, ignore_eos=True)
+              for s in range(5)]
     mixed = llm.generate(PROMPTS[1:] + PROMPTS[:1] + PROMPTS[1:2], others[:3] + [p] + others[3:4])
     assert mixed[3].token_ids == alone
     other_seed = llm.generate(PROMPTS[:1], dataclasses.replace(p, seed=99))[0].token_ids
@@ -52,7 +56,8 @@ def test_penalties_change_the_output(path, make_llm):
     llm = make_llm(path)
     base = SamplingParams(temperature=0, max_new_tokens=24, ignore_eos=True)
     plain = ids(llm.generate(PROMPTS, base))
-    for field, value in (("repetition_penalty", 1.8), ("frequency_penalty", 2.0), ("presence_penalty", 2.0)):
+    for field, value in (("repetition_penalty", 1.8), ("frequency_penalty", 2.0),
+                         ("presence_penalty", 2.0)):
         got = ids(llm.generate(PROMPTS, dataclasses.replace(base, **{field: value})))
         assert got != plain, field
 
@@ -61,7 +66,6 @@ def test_penalty_arithmetic():
     """repetition over prompt + output (divide positive, multiply negative); frequency / presence
     subtract per output occurrence / once, as transformers and OpenAI define them."""
     import torch
-
     from radixserve.engine.sampling.sampler import Penalties, Sampler
 
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]])
@@ -86,7 +90,9 @@ def test_each_stop_condition_reports_its_reason(path, make_llm):
     assert out.finish_reason == "stop_token" and out.token_ids == ref.token_ids[: first + 1]
     assert out.matched_stop == stop_tok
 
-    held = llm.generate(PROMPTS[:1], dataclasses.replace(base, stop_token_ids=(stop_tok,), min_new_tokens=first + 2))[0]
+    held = llm.generate(PROMPTS[:1],
+                        dataclasses.replace(base, stop_token_ids=(stop_tok,),
+                                            min_new_tokens=first + 2))[0]
     assert stop_tok not in held.token_ids[: first + 2]  # banned until min_new_tokens are out
 
     llm.core.model_info = dataclasses.replace(llm.core.model_info, eos_token_ids=(stop_tok,))
@@ -99,7 +105,8 @@ def test_each_stop_condition_reports_its_reason(path, make_llm):
     out = llm.generate(PROMPTS[:1], dataclasses.replace(base, stop=(stop,)))[0]
     assert out.finish_reason == "stop_string" and out.matched_stop == stop
     assert out.text == text[: text.index(stop)]
-    kept = llm.generate(PROMPTS[:1], dataclasses.replace(base, stop=(stop,), include_stop_str=True))[0]
+    kept = llm.generate(PROMPTS[:1],
+                        dataclasses.replace(base, stop=(stop,), include_stop_str=True))[0]
     assert kept.text == text[: text.index(stop) + len(stop)]
 
 
@@ -124,18 +131,23 @@ def test_logprobs_are_returned(path, make_llm):
     for o in out:
         assert len(o.logprobs) == len(o.token_ids)
         for tok, lp in zip(o.token_ids, o.logprobs):
-            assert lp.top[0][0] == tok and lp.logprob == pytest.approx(lp.top[0][1])  # greedy = top-1
+            # greedy = top-1
+            assert lp.top[0][0] == tok and lp.logprob == pytest.approx(lp.top[0][1])
 
 
 @pytest.mark.parametrize("kwargs, field", [
     ({"temperature": -1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
-    ({"temperature": float("inf")}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"temperature": float("inf")}, "temperature"), ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
     ({"top_k": -2}, "top_k"), ({"min_p": 2}, "min_p"), ({"min_p": -0.1}, "min_p"),
     ({"max_new_tokens": 0}, "max_new_tokens"), ({"max_new_tokens": -1}, "max_new_tokens"),
-    ({"repetition_penalty": 0}, "repetition_penalty"), ({"repetition_penalty": 2.5}, "repetition_penalty"),
-    ({"frequency_penalty": 2.5}, "frequency_penalty"), ({"presence_penalty": -3}, "presence_penalty"),
-    ({"stop": ("",)}, "stop"), ({"stop": tuple("abcdefghijklmnopq")}, "stop"), ({"stop": ("x" * 300,)}, "stop"),
-    ({"top_logprobs": 21}, "top_logprobs"), ({"min_new_tokens": 5, "max_new_tokens": 2}, "min_new_tokens"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 2.5}, "repetition_penalty"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"presence_penalty": -3}, "presence_penalty"),
+    ({"stop": ("",)}, "stop"), ({"stop": tuple("abcdefghijklmnopq")}, "stop"),
+    ({"stop": ("x" * 300,)}, "stop"), ({"top_logprobs": 21}, "top_logprobs"),
+    ({"min_new_tokens": 5, "max_new_tokens": 2}, "min_new_tokens"),
 ])
 def test_bad_params_name_the_field(kwargs, field):
     with pytest.raises(InvalidRequestError, match=field):
@@ -154,7 +166,8 @@ def test_bad_requests_are_rejected_before_running(path, make_llm):
         core.add_request("a", [-1], p)
     with pytest.raises(InvalidRequestError, match=f"context is {ctx}"):
         core.add_request("a", [1] * ctx, p)
-    with pytest.raises(InvalidRequestError, match=f"10 tokens in prompt, {ctx} requested, limit {ctx}"):
+    with pytest.raises(InvalidRequestError,
+                       match=f"10 tokens in prompt, {ctx} requested, limit {ctx}"):
         core.add_request("a", [1] * 10, SamplingParams(max_new_tokens=ctx))
     with pytest.raises(InvalidRequestError, match="whole pool"):
         core.add_request("a", [1] * 100, SamplingParams(max_new_tokens=100))
@@ -180,7 +193,8 @@ def test_seeded_draw_follows_the_tempered_distribution(device):
     from radixserve.engine.sampling.race import mix32, race
 
     S, T = 20000, 0.7
-    logits = torch.tensor([[1.0, 0.5, 2.0, -1.0, float("-inf"), 0.0, 1.5, -0.5]], device=device).repeat(S, 1)
+    logits = torch.tensor([[1.0, 0.5, 2.0, -1.0, float("-inf"), 0.0, 1.5, -0.5]],
+                          device=device).repeat(S, 1)
     key = mix32(torch.arange(S, dtype=torch.int64, device=device) * 7919 + 13)
     greedy = torch.zeros(S, dtype=torch.bool, device=device)
     greedy[:100] = True

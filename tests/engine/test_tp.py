@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import register_engine
 from radixserve.engine import LLM, SamplingParams
 from radixserve.engine.config import EngineConfig
@@ -59,7 +58,8 @@ def run(path: Path, tp: int, config: dict[str, Any]) -> dict[str, Any]:
         workers = llm.core.tp.workers if llm.core.tp else []
     assert [p.returncode for p in workers] == [0] * len(workers), "a worker did not leave cleanly"
     return {"batched": [o.token_ids for o in first], "cached": [o.token_ids for o in second],
-            "cached_tokens": [o.cached_tokens for o in second], "sampled": [o.token_ids for o in draws]}
+            "cached_tokens": [o.cached_tokens for o in second],
+            "sampled": [o.token_ids for o in draws]}
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,8 @@ def test_each_rank_reads_only_its_shard(kind, tp, ckpt, monkeypatch):
     # Putting the shards back together gives the full weights.
     cat = lambda name, dim: torch.cat([s[name] for s in shards], dim)
     layer = "model.layers.1."
-    assert torch.equal(cat(layer + "self_attn.o_proj.weight", 1), f[layer + "self_attn.o_proj.weight"])
+    assert torch.equal(cat(layer + "self_attn.o_proj.weight", 1),
+                       f[layer + "self_attn.o_proj.weight"])
     assert torch.equal(cat(layer + "mlp.down_proj.weight", 1), f[layer + "mlp.down_proj.weight"])
     assert torch.equal(cat("model.embed_tokens.weight", 0)[:V], f["model.embed_tokens.weight"])
     gate_up = [s[layer + "mlp.gate_up_proj.weight"].chunk(2) for s in shards]
@@ -178,7 +179,8 @@ def test_each_rank_reads_only_its_shard(kind, tp, ckpt, monkeypatch):
                        f[layer + "mlp.gate_up_proj.weight"])
     qkv_name = layer + "self_attn.qkv_proj.weight"
     q_rows, kv_local = full.args.num_heads * hd // tp, max(1, kv // tp)
-    assert torch.equal(torch.cat([s[qkv_name][:q_rows] for s in shards]), f[qkv_name][: q_rows * tp])
+    assert torch.equal(torch.cat([s[qkv_name][:q_rows] for s in shards]),
+                       f[qkv_name][: q_rows * tp])
     k_full = f[qkv_name][q_rows * tp : q_rows * tp + kv * hd]
     for rank, s in enumerate(shards):  # each rank's K heads are the ones its query heads use
         first = rank * kv // tp
@@ -189,7 +191,8 @@ def test_each_rank_reads_only_its_shard(kind, tp, ckpt, monkeypatch):
 # -- shapes that do not split -------------------------------------------------------------------
 @pytest.mark.parametrize("tp, change, message", [
     (3, {}, "num_attention_heads (4) is not divisible"),
-    (2, {"num_attention_heads": 12, "num_key_value_heads": 3}, "num_key_value_heads (3) is neither"),
+    (2, {"num_attention_heads": 12, "num_key_value_heads": 3},
+     "num_key_value_heads (3) is neither"),
     (4, {"intermediate_size": 250}, "intermediate_size (250) is not divisible"),
 ])
 def test_shapes_that_do_not_split_are_rejected_before_spawning(tp, change, message, ckpt, tmp_path):
@@ -241,7 +244,8 @@ def _alive(pid: int) -> bool:
 def test_workers_exit_when_rank0_dies(ckpt):
     script = ("import time\nfrom radixserve.engine.config import EngineConfig\n"
               "from radixserve.engine.core import EngineCore\n"
-              f"core = EngineCore(EngineConfig(model_path={str(ckpt('llama'))!r}, device='cpu', tp_size=2))\n"
+              f"core = EngineCore(EngineConfig(model_path={str(ckpt('llama'))!r}, device='cpu', "
+              "tp_size=2))\n"
               "print(core.tp.workers[0].pid, flush=True)\ntime.sleep(60)\n")
     rank0 = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:

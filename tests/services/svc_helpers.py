@@ -143,7 +143,8 @@ def wait_for(check: Any, timeout: float = 5.0) -> None:
 # -- client helpers ------------------------------------------------------------------------------
 
 
-def request(prompt: Any = "Hello world", max_new_tokens: int | None = 8, **kw: Any) -> pb.GenerateRequest:
+def request(prompt: Any = "Hello world", max_new_tokens: int | None = 8,
+            **kw: Any) -> pb.GenerateRequest:
     """A GenerateRequest: `prompt` is text, a list of ids, or a list of (role, content)."""
     req = pb.GenerateRequest(request_id=kw.pop("request_id", ""))
     if isinstance(prompt, str):
@@ -188,7 +189,8 @@ class StreamResult:
         return self.responses[-1].finished
 
 
-def collect(stub: pb_grpc.GenerateServiceStub, req: pb.GenerateRequest, timeout: float = 60) -> StreamResult:
+def collect(stub: pb_grpc.GenerateServiceStub, req: pb.GenerateRequest,
+            timeout: float = 60) -> StreamResult:
     out: list[pb.GenerateResponse] = []
     try:
         for response in stub.Generate(req, timeout=timeout):
@@ -376,7 +378,8 @@ def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in pids if alive(pid)], f"orphans: {[cmdline(p) for p in pids if alive(p)]}"
+    assert not [pid for pid in pids if alive(pid)], (
+        f"orphans: {[cmdline(p) for p in pids if alive(p)]}")
 
 
 # -- in-process stack (all four servers in one event loop, port 0, fake or real engine) ----------

@@ -23,7 +23,9 @@ def test_gateway_joins_the_deltas_a_slow_stream_left_queued() -> None:
                     delta([5], "é", finish=True), delta([6], "x")])
     assert len(out) == 4 and out[1] is aborted
     first, last = out[0], out[2]
-    assert list(first.token_ids) == [1, 2, 3] and first.text == "abc" and not first.HasField("finish")
+    assert list(first.token_ids) == [1, 2, 3] and first.text == "abc"
+    assert not first.HasField("finish")
     assert [lp.logprob for lp in first.logprobs] == [-1.0, -2.0, -3.0]
-    assert list(last.token_ids) == [4, 5] and last.text == "dé" and last.finish.completion_tokens == 5
+    assert list(last.token_ids) == [4, 5] and last.text == "dé"
+    assert last.finish.completion_tokens == 5
     assert list(out[3].token_ids) == [6]  # nothing joins a delta after a finish

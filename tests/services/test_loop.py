@@ -72,7 +72,8 @@ def test_loop_group_is_added_whole_or_refused_whole() -> None:
     """The n completions of a request (one group) never half-admit: a group that does not fit the
     queue takes its added members back out, and each member hears the same status."""
     engine, sink = FakeEngine(step_delay_s=0.05), Sink()
-    engine.stats = lambda: {"waiting_requests": len(engine.reqs), "running_requests": 0}  # type: ignore[method-assign]
+    stats = lambda: {"waiting_requests": len(engine.reqs), "running_requests": 0}
+    engine.stats = stats  # type: ignore[method-assign]
     lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False, max_waiting_requests=2))
     lp.start()
     group = [dataclasses.replace(new(f"g{i}", 50), group="g") for i in range(3)]
@@ -91,7 +92,8 @@ def test_loop_group_is_added_whole_or_refused_whole() -> None:
     wait_for(lambda: not engine.reqs)
     lp.submit(Submission("gw", [new(f"u{i}", 50) for i in range(3)]))
     wait_for(lambda: len(sink.acks) == 3)
-    assert sink.acks[2].accepted == ["u0", "u1"] and [r.rid for r in sink.acks[2].rejected] == ["u2"]
+    assert sink.acks[2].accepted == ["u0", "u1"]
+    assert [r.rid for r in sink.acks[2].rejected] == ["u2"]
     lp.stop(5)
 
 

@@ -77,7 +77,8 @@ def _stack_fails_cleanly(s: Stack, children: list[int]) -> None:
 
 
 @pytest.mark.parametrize("victim", ["scheduler", "tokenizer", "detokenizer", "gateway"])
-def test_killed_service_ends_every_stream_unavailable(make_stack: Callable[..., Stack], victim: str) -> None:
+def test_killed_service_ends_every_stream_unavailable(make_stack: Callable[..., Stack],
+                                                      victim: str) -> None:
     s = make_stack()
     children = child_pids(s.proc.pid)
     streams = Streams(s.stub, 8, max_new_tokens=3000)
@@ -91,8 +92,8 @@ def test_killed_service_ends_every_stream_unavailable(make_stack: Callable[..., 
 
 
 @pytest.mark.parametrize("fault", ["raise", "hang"])
-def test_engine_fault_fails_streams_and_stops_the_stack(make_stack: Callable[..., Stack], fault: str,
-                                                        tmp_path: Path) -> None:
+def test_engine_fault_fails_streams_and_stops_the_stack(make_stack: Callable[..., Stack],
+                                                        fault: str, tmp_path: Path) -> None:
     trigger = tmp_path / "fault"
     s = make_stack("--watchdog-timeout", str(WATCHDOG_S), env={FAULT_ENV: f"{fault}:@{trigger}"})
     children = child_pids(s.proc.pid)
@@ -131,7 +132,12 @@ def test_gil_hang_escapes_the_in_process_watchdog() -> None:
         from svc_helpers import FakeEngine
         from radixserve.engine.sampling.params import SamplingParams
         from radixserve.services.scheduler import faults
-        from radixserve.services.scheduler.loop import EngineLoop, LoopConfig, NewRequest, Submission
+        from radixserve.services.scheduler.loop import (
+            EngineLoop,
+            LoopConfig,
+            NewRequest,
+            Submission,
+        )
 
         class Sink:
             def __getattr__(self, name):
@@ -156,7 +162,8 @@ def test_gil_hang_escapes_the_in_process_watchdog() -> None:
     assert "on_fatal" not in out and "on_stalled" not in out and "watchdog" not in out, out
 
 
-def test_gil_hang_is_killed_by_the_supervisor(make_stack: Callable[..., Stack], tmp_path: Path) -> None:
+def test_gil_hang_is_killed_by_the_supervisor(make_stack: Callable[..., Stack],
+                                              tmp_path: Path) -> None:
     trigger = tmp_path / "fault"
     s = make_stack("--watchdog-timeout", str(WATCHDOG_S), env={FAULT_ENV: f"gil:@{trigger}"})
     children = child_pids(s.proc.pid)

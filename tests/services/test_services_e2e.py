@@ -44,7 +44,8 @@ def test_temperature_zero_is_top_k_one_and_unset_is_sampling(stack: Stack) -> No
     top1 = collect(stack.stub, request(ids, max_new_tokens=10, top_k=1, ignore_eos=True))
     assert greedy.token_ids == top1.token_ids and len(greedy.token_ids) == 10
     # Unset temperature is the documented default 1.0: seeded sampling, not greedy.
-    sampled = [collect(stack.stub, request(ids, max_new_tokens=10, seed=s, ignore_eos=True)).token_ids
+    sampled = [collect(stack.stub,
+                       request(ids, max_new_tokens=10, seed=s, ignore_eos=True)).token_ids
                for s in (1, 2, 3)]
     assert any(s != greedy.token_ids for s in sampled)
     again = collect(stack.stub, request(ids, max_new_tokens=10, seed=2, ignore_eos=True))
@@ -62,7 +63,8 @@ def test_n_completions_equal_single_requests_with_seed_plus_index(stack: Stack) 
         if r.HasField("delta"):
             by_index[r.index] += r.delta.token_ids
     assert sorted(r.index for r in res.responses if r.HasField("finished")) == [0, 1, 2]
-    alone = [collect(stack.stub, request(ids, max_new_tokens=12, seed=11 + i, ignore_eos=True)).token_ids
+    alone = [collect(stack.stub,
+                     request(ids, max_new_tokens=12, seed=11 + i, ignore_eos=True)).token_ids
              for i in range(3)]
     assert [by_index[i] for i in range(3)] == alone
     assert len({tuple(t) for t in alone}) > 1, "seeded completions should differ"
@@ -222,7 +224,8 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert "TTFT p50" in bench_serving.format_table(results)
     # n = 2: every completion's tokens are counted (6 requests x 2 completions x 4 tokens).
     cfg = bench_serving.BenchConfig(stack.target, (3,), num_prompts=6, input_len=16, output_len=4,
-                                    range_ratio=0.0, request_rate=50.0, temperature=1.0, seed=0, n=2)
+                                    range_ratio=0.0, request_rate=50.0, temperature=1.0, seed=0,
+                                    n=2)
     (two,) = asyncio.run(bench_serving.run(cfg))
     assert two.completed == 6 and round(two.output_tok_s * two.duration_s) == 48
     assert two.itl_ms["p50"] > 0
@@ -253,7 +256,8 @@ def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None
     from radixserve.bench import soak as bench_soak
     from radixserve.bench.process import SERVICES
 
-    monkeypatch.setattr(bench_soak, "STREAMS_PER_CHANNEL", 8)  # 3 connections, as 1000 clients get 4
+    # 3 connections, as 1000 clients get 4
+    monkeypatch.setattr(bench_soak, "STREAMS_PER_CHANNEL", 8)
     cfg = bench_soak.SoakConfig(stack.target, clients=20, duration_s=12.0, cancel_share=0.3,
                                 invalid_share=0.05, input_len=(4, 64), output_len=(2, 16), seed=1)
     result = asyncio.run(bench_soak.run(cfg, serve_pid=stack.proc.pid))

@@ -37,7 +37,8 @@ async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 def idle(stack: InProcess) -> bool:
     return (not stack.engine.reqs and stack.gateway.frontend.live_requests == 0
-            and stack.detokenizer.live_requests == 0 and stack.scheduler_app.loop.live_requests == 0)
+            and stack.detokenizer.live_requests == 0
+            and stack.scheduler_app.loop.live_requests == 0)
 
 
 def test_stream_ids_usage_and_request_id(demo_path: str) -> None:
@@ -71,7 +72,8 @@ def test_client_cancel_aborts_in_engine_and_frees_every_map(demo_path: str, n: i
         assert set(stack.engine.aborted) == set(stack.engine.added)  # every completion
         # Each abort reaches the engine within two scheduler steps of the client's RST
         # (docs/reliability.md #11).
-        assert all(stack.engine.abort_steps[rid] - cancelled_at <= 2 for rid in stack.engine.aborted)
+        assert all(stack.engine.abort_steps[rid] - cancelled_at <= 2
+                   for rid in stack.engine.aborted)
         await until(lambda: idle(stack))
         # The id is reusable at once.
         res = await acollect(stub, request([5], max_new_tokens=2, request_id="c"))
@@ -262,7 +264,8 @@ def test_n_completions_stream_tagged_by_index(demo_path: str) -> None:
         assert res.responses[-1].HasField("finished")  # the stream ends with the last Finished
         assert sorted(finished) == [0, 1, 2]
         assert all(len(t) == 4 for t in tokens.values())
-        assert all(f.usage.completion_tokens == 4 and f.usage.prompt_tokens == 2 for f in finished.values())
+        assert all(f.usage.completion_tokens == 4 and f.usage.prompt_tokens == 2
+                   for f in finished.values())
         # n internal requests, one group; completion i draws with seed + i.
         seeds = sorted(stack.engine.params_seen[rid].seed for rid in stack.engine.added)
         assert seeds == [7, 8, 9]

@@ -68,7 +68,8 @@ def _secure_channel(target: str, certs: Path, client_cert: bool = False) -> grpc
 
 
 @pytest.fixture(scope="module")
-def locked(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, grpc.Channel]]:
+def locked(certs: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, grpc.Channel]]:
     log = tmp_path_factory.mktemp("locked") / "serve.log"
     s = Stack("--api-key", KEY, "--tls-cert", str(certs / "server.pem"),
               "--tls-key", str(certs / "server.key"), "--max-running-requests", "1",
@@ -122,7 +123,8 @@ WRONG_KEYS = [
 ]
 
 
-def _code(channel: grpc.Channel, method: str, streaming: bool, payload: bytes, metadata: tuple) -> grpc.StatusCode:
+def _code(channel: grpc.Channel, method: str, streaming: bool, payload: bytes,
+          metadata: tuple) -> grpc.StatusCode:
     try:
         if streaming:
             for _ in channel.unary_stream(method)(payload, metadata=metadata, timeout=10):
@@ -185,7 +187,8 @@ def test_key_compare_time_does_not_depend_on_the_prefix(locked: tuple[Stack, grp
     assert abs(early - late) < max(early, late) * 0.5 + 0.002
 
 
-def test_python_client_over_tls_with_the_key(locked: tuple[Stack, grpc.Channel], certs: Path) -> None:
+def test_python_client_over_tls_with_the_key(locked: tuple[Stack, grpc.Channel],
+                                             certs: Path) -> None:
     from radixserve.client import Client
 
     stack, _ = locked
@@ -231,7 +234,8 @@ def test_mutual_tls_refuses_clients_without_a_certificate(certs: Path) -> None:
 # -- overload and infeasible requests (docs/reliability.md #15, #17) -------------------------------
 
 
-def test_queue_full_two_admitted_eight_refused_with_a_retry_hint(locked: tuple[Stack, grpc.Channel], certs: Path) -> None:
+def test_queue_full_two_admitted_eight_refused_with_a_retry_hint(locked: tuple[Stack, grpc.Channel],
+                                                                 certs: Path) -> None:
     stack, _ = locked
 
     async def one(stub: pb_grpc.GenerateServiceStub, i: int) -> tuple[grpc.StatusCode, float, dict]:
@@ -258,7 +262,8 @@ def test_queue_full_two_admitted_eight_refused_with_a_retry_hint(locked: tuple[S
     assert all(int(trailers["retry-after-ms"]) > 0 for _, trailers in refused)
     slowest = max(t for t, _ in refused)
     # Refusals come at once (in-process they take a few ms); the admitted pair runs 400 steps.
-    assert slowest < 1.0 and slowest < min(t for code, t, _ in results if code == grpc.StatusCode.OK)
+    assert slowest < 1.0 and slowest < min(t for code, t, _ in results
+                                           if code == grpc.StatusCode.OK)
 
 
 def test_refusals_are_fast_while_admitted_calls_keep_streaming(tmp_path: Path) -> None:
@@ -302,7 +307,8 @@ def test_refusals_are_fast_while_admitted_calls_keep_streaming(tmp_path: Path) -
         latencies.sort()
         p50, p99 = latencies[100], latencies[197]
         print(f"refusal latency over 200 calls: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
-        assert p50 < REFUSAL_P50_S and p99 < REFUSAL_P99_S, f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+        assert p50 < REFUSAL_P50_S and p99 < REFUSAL_P99_S, (f"p50 {p50 * 1000:.1f} ms, p99 "
+                                                             f"{p99 * 1000:.1f} ms")
         # The running call keeps streaming through the refusals, and the queued one still waits.
         streamed = time.monotonic() + 10
         while not any(t >= began for t in arrivals):
@@ -319,7 +325,8 @@ def test_refusals_are_fast_while_admitted_calls_keep_streaming(tmp_path: Path) -
         assert s.stop() == 0
 
 
-def test_request_bigger_than_the_kv_pool_is_refused_at_admission(locked: tuple[Stack, grpc.Channel]) -> None:
+def test_request_bigger_than_the_kv_pool_is_refused_at_admission(
+        locked: tuple[Stack, grpc.Channel]) -> None:
     _, channel = locked
     stub = pb_grpc.GenerateServiceStub(channel)
     t0 = time.monotonic()
@@ -335,7 +342,8 @@ def test_request_bigger_than_the_kv_pool_is_refused_at_admission(locked: tuple[S
         assert done[-1].finished.usage.completion_tokens == 4
 
 
-def test_n_completions_are_admitted_whole_or_refused_whole(locked: tuple[Stack, grpc.Channel]) -> None:
+def test_n_completions_are_admitted_whole_or_refused_whole(
+        locked: tuple[Stack, grpc.Channel]) -> None:
     """docs/reliability.md #16 with n > 1: one slot and one queue place take 2 completions, not 3; a
     refused group reserves nothing, and a smaller call right after it is not refused."""
     _, channel = locked
@@ -347,6 +355,7 @@ def test_n_completions_are_admitted_whole_or_refused_whole(locked: tuple[Stack, 
     _wait_idle(stub)  # nothing of the refused group runs, waits or holds pages
     two = list(stub.Generate(request([5, 6], max_new_tokens=4, ignore_eos=True, n=2),
                              metadata=GOOD, timeout=30))
-    ends = sorted((r.index, r.finished.usage.completion_tokens) for r in two if r.HasField("finished"))
+    ends = sorted((r.index, r.finished.usage.completion_tokens) for r in two
+                  if r.HasField("finished"))
     assert ends == [(0, 4), (1, 4)]
     _wait_idle(stub)

@@ -43,7 +43,8 @@ def _expect(stack: Stack, req: pb.GenerateRequest, code: grpc.StatusCode, *fragm
     ],
     ids=["over-context", "exactly-context", "prompt-plus-max-new", "long-text"],
 )
-def test_lengths(stack: Stack, prompt: object, max_new: int | None, fragments: tuple[str, ...]) -> None:
+def test_lengths(stack: Stack, prompt: object, max_new: int | None,
+                 fragments: tuple[str, ...]) -> None:
     _expect(stack, request(prompt, max_new_tokens=max_new), INVALID, *fragments)
     _assert_serving(stack)
 

@@ -188,7 +188,8 @@ def _internal_methods() -> list[tuple[str, str, bool, bool, list[bytes]]]:
             tok.ProcessRequest(jobs=[
                 tok.Job(job_id="f1", encode_text=tok.EncodeText(text="Hello world")),
                 tok.Job(job_id="f2", encode_chat=tok.EncodeChat(
-                    messages=[tok.ChatMessage(role="user", content="Hi")], add_generation_prompt=True)),
+                    messages=[tok.ChatMessage(role="user", content="Hi")],
+                    add_generation_prompt=True)),
                 tok.Job(job_id="f3", decode=tok.Decode(token_ids=[5, 6, 7]))])],
         "SchedulerService.Submit": [
             sched.SubmitRequest(requests=[sched.NewRequest(
@@ -208,7 +209,8 @@ def _internal_methods() -> list[tuple[str, str, bool, bool, list[bytes]]]:
         for service in module.DESCRIPTOR.services_by_name.values():
             for m in service.methods:
                 empty = m.input_type._concrete_class().SerializeToString()
-                valid = [msg.SerializeToString() for msg in seeds.get(f"{service.name}.{m.name}", [])]
+                valid = [msg.SerializeToString()
+                         for msg in seeds.get(f"{service.name}.{m.name}", [])]
                 methods.append((name, f"/{service.full_name}/{m.name}", m.client_streaming,
                                 m.server_streaming, [empty, *valid]))
     return methods
@@ -216,10 +218,11 @@ def _internal_methods() -> list[tuple[str, str, bool, bool, list[bytes]]]:
 
 def _call_raw(channel: grpc.Channel, method: str, client_streaming: bool, server_streaming: bool,
               payload: bytes, metadata: tuple, timeout: float) -> tuple[grpc.StatusCode, str]:
-    """One call with raw bytes (identity serializers); a stream sends the payload and half-closes."""
+    """One call with raw bytes (identity serializers); a stream sends the payload, half-closes."""
     try:
         if client_streaming and server_streaming:
-            for _ in channel.stream_stream(method)(iter([payload]), metadata=metadata, timeout=timeout):
+            for _ in channel.stream_stream(method)(iter([payload]), metadata=metadata,
+                                                   timeout=timeout):
                 pass
         elif server_streaming:
             for _ in channel.unary_stream(method)(payload, metadata=metadata, timeout=timeout):
@@ -242,7 +245,8 @@ def test_fuzz_internal_endpoints(stack: Stack) -> None:
 
     budget_s = float(os.environ.get("RADIXSERVE_INTERNAL_FUZZ_SECONDS", "15"))
     secret = ((METADATA_KEY, INTERNAL_SECRET),)
-    pids = {name: stack.child(name) for name in ("tokenizer", "detokenizer", "scheduler", "gateway")}
+    pids = {name: stack.child(name)
+            for name in ("tokenizer", "detokenizer", "scheduler", "gateway")}
     methods = _internal_methods()
     channels = {name: grpc.insecure_channel(stack.internal_address(name))
                 for name in ("tokenizer", "scheduler", "detokenizer")}
@@ -265,7 +269,8 @@ def test_fuzz_internal_endpoints(stack: Stack) -> None:
             # Subscribe never ends by itself: a short deadline ends it once the request parsed.
             code, details = _call_raw(channels[name], method, cs, ss, payload, secret, 2)
             seen[(method, code)] = seen.get((method, code), 0) + 1
-            clean = (code in (OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DEADLINE_EXCEEDED)
+            clean = (code in (OK, grpc.StatusCode.INVALID_ARGUMENT,
+                              grpc.StatusCode.DEADLINE_EXCEEDED)
                      or (code == grpc.StatusCode.INTERNAL and "deserializ" in details))
             assert clean, (method, code, details, payload)
 

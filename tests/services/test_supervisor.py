@@ -30,7 +30,8 @@ def test_liveness_judges_silence_from_the_first_answer() -> None:
     health_pb2_grpc.add_HealthServicer_to_server(Health(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    children = [Child("up", [], f"127.0.0.1:{port}"), Child("starting", [], "unix:/nonexistent.sock")]
+    children = [Child("up", [], f"127.0.0.1:{port}"),
+                Child("starting", [], "unix:/nonexistent.sock")]
     liveness = Liveness(children, timeout_s=0.8)
     try:
         deadline = time.monotonic() + 1.6
