@@ -1,4 +1,6 @@
-"""The line budget (docs/conventions.md #3): code lines per source file, not blanks, comments or docstrings.
+"""The line budget (docs/conventions.md #3): code lines per source file.
+
+Blank lines, comments and docstrings do not count.
 
 One rule set, used by `make lint-size` and by tests/services/test_services_hygiene.py: an ordinary
 file holds at most 300 code lines; servers, entry points and client libraries at most 450.
