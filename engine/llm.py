@@ -46,7 +46,7 @@ class LLM:
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[GenerationOutput]:
-        from radixserve.engine.detokenize import IncrementalDetokenizer
+        from radixserve.engine.detokenize import IncrementalDetokenizer, fast_decoder
 
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -57,13 +57,14 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         outputs: dict[str, GenerationOutput] = {}
         detoks: dict[str, IncrementalDetokenizer] = {}
+        decoder = fast_decoder(self.tokenizer)
         try:
             for prompt, p in zip(prompts, params_list):
                 ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
                 rid = f"offline-{next(self._ids)}"
                 self.core.add_request(rid, ids, p)
                 outputs[rid] = GenerationOutput(prompt if isinstance(prompt, str) else list(prompt))
-                detoks[rid] = IncrementalDetokenizer(self.tokenizer, ids, stop=p.stop,
+                detoks[rid] = IncrementalDetokenizer(decoder, ids, stop=p.stop,
                                                      include_stop_str=p.include_stop_str)
         except BaseException:
             for rid in outputs:  # all or nothing: a bad prompt leaves no request behind

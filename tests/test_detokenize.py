@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from radixserve.engine.demo import train_tokenizer
 from radixserve.engine.demo_corpus import CORPUS
-from radixserve.engine.detokenize import IncrementalDetokenizer
+from radixserve.engine.detokenize import IncrementalDetokenizer, fast_decoder
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 TOK = train_tokenizer()
 VOCAB = TOK.get_vocab_size()
@@ -212,3 +213,23 @@ def test_transformers_tokenizer_works_too(tmp_path):
 def test_module_does_not_import_torch():
     code = "import sys, radixserve.engine.detokenize; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+HF_TOK = PreTrainedTokenizerFast(tokenizer_object=TOK, clean_up_tokenization_spaces=False)
+
+
+def test_fast_decoder_uses_the_rust_tokenizer_only_where_text_is_the_same():
+    assert fast_decoder(HF_TOK) is HF_TOK.backend_tokenizer
+    cleaning = PreTrainedTokenizerFast(tokenizer_object=TOK, clean_up_tokenization_spaces=True)
+    assert fast_decoder(cleaning) is cleaning  # its clean-up edits the text: keep its own decode
+    assert fast_decoder(TOK) is TOK  # already a Rust tokenizer
+
+
+@FAST
+@given(ids=st.lists(st.integers(0, VOCAB - 1), max_size=40), skip=st.booleans(),
+       cuts=st.lists(st.integers(0, 40), max_size=8))
+def test_fast_decoder_streams_what_the_transformers_tokenizer_streams(ids, skip, cuts):
+    fast = stream(IncrementalDetokenizer(fast_decoder(HF_TOK), skip_special_tokens=skip), ids, cuts)
+    slow = stream(IncrementalDetokenizer(HF_TOK, skip_special_tokens=skip), ids, cuts)
+    assert fast == slow
+    assert "".join(fast) == HF_TOK.decode(ids, skip_special_tokens=skip).rstrip("\ufffd")

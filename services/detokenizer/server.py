@@ -90,12 +90,15 @@ def _apply(state: DetokenizerState,
 
 
 def hf_factory(tokenizer: Any) -> DetokenizerFactory:
-    """A factory of the engine's incremental detokenizer over one HF tokenizer."""
-    from radixserve.engine.detokenize import IncrementalDetokenizer
+    """A factory of the engine's incremental detokenizer over one HF tokenizer (decoding through
+    its Rust core where that gives the same text)."""
+    from radixserve.engine.detokenize import IncrementalDetokenizer, fast_decoder
+
+    decoder = fast_decoder(tokenizer)
 
     def make(setup: Setup) -> Detokenizer:
         return IncrementalDetokenizer(
-            tokenizer,
+            decoder,
             list(setup.prompt_ids),
             list(setup.stop),
             setup.include_stop_str,
