@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
@@ -30,6 +31,8 @@ from radixserve.services.scheduler.loop import (
 )
 
 log = logging.getLogger(__name__)
+# Python's thread switch interval in the scheduler process (see `serve`).
+ENGINE_SWITCH_INTERVAL_S = 0.0005
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 
 
@@ -87,8 +90,9 @@ class SchedulerApp:
         self._aio.call_soon_threadsafe(self._deliver_acks, acks.owner, msg)
 
     def on_step(self, batch: StepBatch) -> None:
-        msg = convert.step_to_pb(batch)
-        self._aio.call_soon_threadsafe(self.link.send, msg)
+        # The protobuf is built on the event loop, not here: the engine thread goes straight on to
+        # the next step, and the conversion runs while that step waits for the device.
+        self._aio.call_soon_threadsafe(self._send_step, batch)
 
     def on_fatal(self, exc: BaseException) -> None:
         self._aio.call_soon_threadsafe(self.fatal.set)
@@ -101,6 +105,10 @@ class SchedulerApp:
         self.model_ready = True
         log.info("model loaded and warmed up")
         self._aio.create_task(self._update_health())
+
+    def _send_step(self, batch: StepBatch) -> None:
+        if self.link.connected:  # while the link is down its steps are dropped anyway
+            self.link.send(convert.step_to_pb(batch))
 
     def _on_link(self, connected: bool) -> None:
         log.info("detokenizer link %s", "up" if connected else "down")
@@ -259,6 +267,11 @@ async def serve(
     from radixserve.services.scheduler import faults
     from radixserve.services.scheduler.metrics import serve_metrics
 
+    # The engine thread shares the interpreter with the gRPC event loop, which may run for many
+    # milliseconds when a step's outputs go out to hundreds of streams. A thread that wants the
+    # interpreter waits up to the switch interval (5 ms by default) for the other to let go: a
+    # whole decode step. A short interval bounds what the engine thread waits.
+    sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
     config = LoopConfig(
         max_waiting_requests=engine_config.max_queued_requests,
         max_running_requests=engine_config.max_running_requests,
