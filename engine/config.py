@@ -32,6 +32,10 @@ class EngineConfig:
     # (outputs unchanged); "reserve": reserve pages for max_new_tokens up front
     # (see scheduler/admission.py)
     admission: AdmissionPolicy = "optimistic"
+    # While requests decode, a new one may wait up to this long so that arrivals are admitted
+    # together: every step that carries prefill runs eagerly, so one such step for several
+    # arrivals costs less than one each. 0 admits at once (scheduler/scheduler.py, `_admission_due`).
+    admission_wait_ms: float = 0.0
     tp_size: int = 1
     tp_rank: int = 0
     tp_timeout_s: float = 300.0  # a TP collective slower than this means a rank died or hung
@@ -68,5 +72,7 @@ class EngineConfig:
             raise ValueError(f"tp_rank {self.tp_rank} out of range for tp_size {self.tp_size}")
         if not self.tp_timeout_s > 0:
             raise ValueError(f"tp_timeout_s must be > 0, got {self.tp_timeout_s}")
+        if not self.admission_wait_ms >= 0:
+            raise ValueError(f"admission_wait_ms must be >= 0, got {self.admission_wait_ms}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError("memory_fraction must be in (0, 1]")

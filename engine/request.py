@@ -52,6 +52,7 @@ class Req:
     # Admitted only once this request's full prompt pages are in the prefix cache (Scheduler.ready):
     # the n completions of one prompt then compute its KV once.
     after: Req | None = None
+    queued_at: float = 0.0  # time.monotonic() when it was queued (Scheduler.add)
     prompt_array: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

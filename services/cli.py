@@ -49,6 +49,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--seed", "seed", int),
     ("--schedule-policy", "schedule_policy", str),
     ("--admission", "admission", str),
+    ("--admission-wait-ms", "admission_wait_ms", float),
     ("--memory-fraction", "memory_fraction", float),
     ("--cpu-kv-tokens", "cpu_kv_tokens", int),
     ("--cuda-graph-max-batch", "cuda_graph_max_batch", int),

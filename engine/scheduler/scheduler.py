@@ -15,6 +15,7 @@ a step that retracted, so no request is admitted again before its in-flight toke
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import numpy as np
@@ -48,6 +49,7 @@ class Scheduler:
 
     def add(self, req: Req) -> None:
         """Queue a new request at the back of the waiting queue."""
+        req.queued_at = time.monotonic()
         self.waiting.append(req)
 
     # -- accounting -----------------------------------------------------------------------------
@@ -100,13 +102,31 @@ class Scheduler:
         for req in list(self.running):  # a chunked prompt continues before anyone new is admitted
             if budget > 0 and req.status is ReqStatus.RUNNING and not req.prefill_done:
                 budget -= self._prefill_chunk(req, batch, budget)
-        while (budget > 0 and self.waiting and self.table.num_free_slots > 0
-               and not self._retracted_this_step):
+        admit = self.waiting and not self._retracted_this_step and self._admission_due(budget)
+        while admit and budget > 0 and self.waiting and self.table.num_free_slots > 0:
             req = self._next_waiting()
             if req is None or not self._admit(req):
                 break
             budget -= self._prefill_chunk(req, batch, budget)
         return batch if len(batch) else None
+
+    def _admission_due(self, budget: int) -> bool:
+        """Whether this step admits new requests. With `admission_wait_ms` and requests decoding,
+        arrivals wait to be admitted together until the oldest has waited that long, or until the
+        waiting prompts fill the step's prefill budget (waiting longer would add nobody to the
+        step). Free slots do not end the wait: running requests finish meanwhile and free more.
+        An idle engine admits at once."""
+        wait_s = self.config.admission_wait_ms / 1000
+        if wait_s <= 0 or not self.running:
+            return True
+        if time.monotonic() - self.waiting[0].queued_at >= wait_s:
+            return True
+        pending = 0
+        for req in self.waiting:
+            pending += req.prompt_len + len(req.output_ids)
+            if pending >= budget:
+                return True
+        return False
 
     def _next_waiting(self) -> Req | None:
         if self.config.schedule_policy == "fcfs":

@@ -1,0 +1,100 @@
+"""`admission_wait_ms`: while requests decode, arrivals are held back to be admitted together (fewer
+steps that carry prefill), but never past the wait, and at once when waiting longer adds nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixserve.engine import SamplingParams
+from radixserve.engine.request import ReqStatus
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+LONG = 60_000.0  # ms: longer than any test runs, so only the other rules can admit
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    from checkpoints import checkpoint
+
+    return checkpoint("qwen3", tmp_path_factory)
+
+
+def _prompt(i: int) -> list[int]:
+    return [(i * 31 + j * 7) % 500 + 3 for j in range(6 + i)]
+
+
+def _waiting(core, rid: str) -> bool:
+    return any(r.rid == rid and r.status is ReqStatus.WAITING for r in core.scheduler.waiting)
+
+
+def test_an_arrival_waits_while_others_decode_until_its_time_is_up(path, make_llm):
+    core = make_llm(path, admission_wait_ms=LONG, max_running_requests=8).core
+    core.add_request("first", _prompt(0), GREEDY)
+    core.step()  # an idle engine admits at once
+    assert not _waiting(core, "first")
+    core.add_request("late", _prompt(1), GREEDY)
+    for _ in range(3):
+        core.step()
+        assert _waiting(core, "late")
+    core.scheduler.waiting[0].queued_at -= LONG / 1000  # its wait is over
+    core.step()
+    assert not _waiting(core, "late")
+    while core.has_work():
+        core.step()
+
+
+def test_full_slots_do_not_end_the_wait(path, make_llm):
+    """Running requests finish while arrivals wait, so a full set of slots is no reason to stop."""
+    core = make_llm(path, admission_wait_ms=LONG, max_running_requests=2).core
+    core.add_request("first", _prompt(0), GREEDY)
+    core.step()
+    core.add_request("a", _prompt(1), GREEDY)
+    core.step()
+    assert _waiting(core, "a")
+    while core.has_work():
+        core.step()  # admitted once "first" is done and the engine would otherwise idle
+
+
+def test_arrivals_that_fill_the_prefill_budget_are_admitted_at_once(path, make_llm):
+    core = make_llm(path, admission_wait_ms=LONG, max_prefill_tokens=16, page_size=4).core
+    core.add_request("first", _prompt(0), GREEDY)
+    core.step()
+    core.add_request("small", _prompt(0), GREEDY)  # 6 tokens of a 16-token budget
+    core.step()
+    assert _waiting(core, "small")
+    core.add_request("big", _prompt(12), GREEDY)  # 18 more: the budget is full
+    core.step()
+    assert not _waiting(core, "small")
+    while core.has_work():
+        core.step()
+
+
+def test_held_arrivals_get_the_same_tokens(path, make_llm):
+    """Outputs do not depend on when a request is admitted (greedy, and seeded sampling)."""
+    prompts = [_prompt(i) for i in range(6)]
+    params = [GREEDY, SamplingParams(temperature=0.8, seed=5, max_new_tokens=12, ignore_eos=True)] * 3
+    outs = {}
+    for wait in (0.0, LONG):
+        core = make_llm(path, admission_wait_ms=wait, max_running_requests=8).core
+        core.add_request("r0", prompts[0], params[0])
+        got: dict[str, list[int]] = {}
+        step = 0
+        while core.has_work() or step < len(prompts):
+            if 0 < step < len(prompts):  # one arrival per step while r0 decodes
+                core.add_request(f"r{step}", prompts[step], params[step])
+            if step == 3 and wait:
+                for req in core.scheduler.waiting:
+                    req.queued_at -= LONG / 1000
+            for out in core.step() if core.has_work() else []:
+                got.setdefault(out.rid, []).extend(out.token_ids)
+            step += 1
+        outs[wait] = got
+    assert outs[0.0] == outs[LONG]
+    assert all(len(v) == 12 for v in outs[LONG].values()) and len(outs[LONG]) == len(prompts)
+
+
+def test_admission_wait_is_validated(path):
+    from radixserve.engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="admission_wait_ms"):
+        EngineConfig(model_path=str(path), admission_wait_ms=-1.0)
