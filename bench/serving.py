@@ -38,6 +38,11 @@ class BenchConfig:
     temperature: float
     seed: int
     n: int = 1  # completions per request (sampling.n); tokens and ITLs count every completion
+    # After the levels above: Poisson arrivals at these fractions of the best measured request rate,
+    # capped at the largest concurrency (online load below saturation).
+    rate_fractions: tuple[float, ...] = ()
+    slo_ttft_ms: float = float("inf")  # goodput counts requests within both SLOs
+    slo_tpot_ms: float = float("inf")
 
     def __post_init__(self) -> None:
         if not self.concurrencies or min(self.concurrencies) < 1:
@@ -46,6 +51,8 @@ class BenchConfig:
             raise ValueError("num-prompts, input-len, output-len and n must be >= 1")
         if not 0 <= self.range_ratio < 1 or self.request_rate <= 0:
             raise ValueError("range-ratio must be in [0, 1) and request-rate > 0")
+        if any(not 0 < f for f in self.rate_fractions):
+            raise ValueError("rate fractions must be > 0")
 
 
 @dataclass
@@ -61,6 +68,7 @@ class RequestRecord:
 @dataclass(frozen=True)
 class LevelResult:
     concurrency: int
+    request_rate: float  # offered Poisson rate (requests/s); inf: all at once
     completed: int
     failed: int
     duration_s: float
@@ -70,6 +78,7 @@ class LevelResult:
     tpot_ms: dict[str, float]
     itl_ms: dict[str, float]
     e2e_ms: dict[str, float]
+    goodput_s: float  # completed requests per second within both SLOs
 
 
 def _workload(cfg: BenchConfig, vocab: int) -> list[tuple[list[int], int]]:
@@ -114,7 +123,7 @@ async def _one(stub: pb_grpc.GenerateServiceStub, prompt: list[int], max_new: in
 
 
 async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrency: int,
-                 work: list[tuple[list[int], int]]) -> LevelResult:
+                 work: list[tuple[list[int], int]], rate: float) -> LevelResult:
     gate = asyncio.Semaphore(concurrency)
     rng = random.Random(cfg.seed + concurrency)
 
@@ -126,8 +135,8 @@ async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrenc
     began = time.perf_counter()
     for prompt, max_new in work:
         tasks.append(asyncio.create_task(limited(prompt, max_new)))
-        if cfg.request_rate != float("inf"):
-            await asyncio.sleep(rng.expovariate(cfg.request_rate))
+        if rate != float("inf"):
+            await asyncio.sleep(rng.expovariate(rate))
     records = await asyncio.gather(*tasks)
     duration = time.perf_counter() - began
     done = [r for r in records if r.ok]
@@ -136,8 +145,11 @@ async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrenc
             print(f"request failed: {r.error}", file=sys.stderr)
     tokens = sum(r.output_tokens for r in done)
     tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    good = [r for r in done if r.ttft_s * 1e3 <= cfg.slo_ttft_ms and (
+        r.output_tokens < 2 or (r.e2e_s - r.ttft_s) / (r.output_tokens - 1) * 1e3 <= cfg.slo_tpot_ms)]
     return LevelResult(
-        concurrency=concurrency, completed=len(done), failed=len(records) - len(done),
+        concurrency=concurrency, request_rate=rate, completed=len(done),
+        failed=len(records) - len(done), goodput_s=len(good) / duration,
         duration_s=duration, output_tok_s=tokens / duration, request_s=len(done) / duration,
         ttft_ms=percentiles([r.ttft_s for r in done]), tpot_ms=percentiles(tpot),
         itl_ms=percentiles([g for r in done for g in r.itl_s]),
@@ -151,18 +163,22 @@ async def run(cfg: BenchConfig) -> list[LevelResult]:
         info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
         work = _workload(cfg, info.vocab_size)
         await _one(stub, work[0][0], 2, cfg.temperature)  # warm the path end to end
-        return [await _level(stub, cfg, c, work) for c in cfg.concurrencies]
+        results = [await _level(stub, cfg, c, work, cfg.request_rate) for c in cfg.concurrencies]
+        peak = max(r.request_s for r in results)
+        for fraction in cfg.rate_fractions:
+            results.append(await _level(stub, cfg, max(cfg.concurrencies), work, fraction * peak))
+        return results
 
 
 def format_table(results: list[LevelResult]) -> str:
-    head = (f"{'conc':>5} {'ok':>5} {'fail':>4} {'tok/s':>8} {'req/s':>6} "
+    head = (f"{'conc':>5} {'rate':>6} {'ok':>5} {'fail':>4} {'tok/s':>8} {'req/s':>6} {'good/s':>6} "
             f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} "
             f"{'ITL p50':>8} {'ITL p99':>8} {'E2E p50':>9} {'E2E p99':>9}")
     rows = [head, "-" * len(head)]
     for r in results:
         rows.append(
-            f"{r.concurrency:>5} {r.completed:>5} {r.failed:>4} {r.output_tok_s:>8.1f} "
-            f"{r.request_s:>6.2f} {r.ttft_ms['p50']:>9.1f} {r.ttft_ms['p99']:>9.1f} "
+            f"{r.concurrency:>5} {r.request_rate:>6.1f} {r.completed:>5} {r.failed:>4} "
+            f"{r.output_tok_s:>8.1f} {r.request_s:>6.2f} {r.goodput_s:>6.2f} {r.ttft_ms['p50']:>9.1f} {r.ttft_ms['p99']:>9.1f} "
             f"{r.tpot_ms['p50']:>9.1f} {r.tpot_ms['p99']:>9.1f} {r.itl_ms['p50']:>8.1f} "
             f"{r.itl_ms['p99']:>8.1f} {r.e2e_ms['p50']:>9.1f} {r.e2e_ms['p99']:>9.1f}")
     return "\n".join(rows) + "\n(latencies in ms)"
@@ -199,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--range-ratio", type=float, default=0.5)
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="Poisson arrivals per second (default inf: a burst)")
+    p.add_argument("--rate-fractions", default="",
+                   help="then Poisson arrivals at these fractions of the best measured request "
+                        "rate, e.g. 0.5,0.75,0.9 (capped at the largest concurrency)")
+    p.add_argument("--slo-ttft-ms", type=float, default=float("inf"),
+                   help="goodput counts requests with TTFT within this (and TPOT within --slo-tpot-ms)")
+    p.add_argument("--slo-tpot-ms", type=float, default=float("inf"))
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n", type=int, default=1, help="completions per request (sampling.n)")
@@ -213,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     with stack(args, extra) as (target, _):
         cfg = BenchConfig(target, tuple(int(c) for c in args.concurrency.split(",")),
                           args.num_prompts, args.input_len, args.output_len, args.range_ratio,
-                          args.request_rate, args.temperature, args.seed, args.n)
+                          args.request_rate, args.temperature, args.seed, args.n,
+                          tuple(float(f) for f in args.rate_fractions.split(",") if f),
+                          args.slo_ttft_ms, args.slo_tpot_ms)
         results = asyncio.run(run(cfg))
     print(format_table(results))
     payload: dict[str, Any] = {"config": asdict(cfg), "results": [asdict(r) for r in results]}

@@ -222,6 +222,15 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert [r.completed for r in results] == [6, 6] and not any(r.failed for r in results)
     assert all(r.output_tok_s > 0 and r.ttft_ms["p50"] > 0 for r in results)
     assert "TTFT p50" in bench_serving.format_table(results)
+    # Online load: after the burst levels, Poisson arrivals at fractions of the best rate; an SLO
+    # nobody can meet leaves no goodput, an unbounded one counts every completed request.
+    cfg = bench_serving.BenchConfig(stack.target, (3,), num_prompts=6, input_len=16, output_len=4,
+                                    range_ratio=0.5, request_rate=float("inf"), temperature=0.0,
+                                    seed=0, rate_fractions=(0.5,), slo_ttft_ms=0.0)
+    burst, online = asyncio.run(bench_serving.run(cfg))
+    assert online.request_rate == 0.5 * burst.request_s and online.completed == 6
+    assert burst.goodput_s == online.goodput_s == 0.0
+    assert results[0].goodput_s == results[0].request_s
     # n = 2: every completion's tokens are counted (6 requests x 2 completions x 4 tokens).
     cfg = bench_serving.BenchConfig(stack.target, (3,), num_prompts=6, input_len=16, output_len=4,
                                     range_ratio=0.0, request_rate=50.0, temperature=1.0, seed=0,
