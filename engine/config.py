@@ -32,10 +32,11 @@ class EngineConfig:
     # (outputs unchanged); "reserve": reserve pages for max_new_tokens up front
     # (see scheduler/admission.py)
     admission: AdmissionPolicy = "optimistic"
-    # While requests decode, a new one may wait up to this long so that arrivals are admitted
-    # together: every step that carries prefill runs eagerly, so one such step for several
-    # arrivals costs less than one each. 0 admits at once (scheduler/scheduler.py, `_admission_due`).
-    admission_wait_ms: float = 0.0
+    # While at least a quarter of the slots decode, a new request may wait up to this long so that
+    # arrivals are admitted together: every step that carries prefill runs eagerly, so one such
+    # step for several arrivals costs less than one each (docs/benchmarks.md, "Serving plane").
+    # 0 admits at once (scheduler/scheduler.py, `_admission_due`).
+    admission_wait_ms: float = 50.0
     tp_size: int = 1
     tp_rank: int = 0
     tp_timeout_s: float = 300.0  # a TP collective slower than this means a rank died or hung

@@ -28,7 +28,7 @@ def _waiting(core, rid: str) -> bool:
 
 
 def test_an_arrival_waits_while_others_decode_until_its_time_is_up(path, make_llm):
-    core = make_llm(path, admission_wait_ms=LONG, max_running_requests=8).core
+    core = make_llm(path, admission_wait_ms=LONG, max_running_requests=4).core
     core.add_request("first", _prompt(0), GREEDY)
     core.step()  # an idle engine admits at once
     assert not _waiting(core, "first")
@@ -39,6 +39,18 @@ def test_an_arrival_waits_while_others_decode_until_its_time_is_up(path, make_ll
     core.scheduler.waiting[0].queued_at -= LONG / 1000  # its wait is over
     core.step()
     assert not _waiting(core, "late")
+    while core.has_work():
+        core.step()
+
+
+def test_a_lightly_loaded_engine_admits_at_once(path, make_llm):
+    """One request decoding in 8 slots: the engine has room, so an arrival does not wait."""
+    core = make_llm(path, admission_wait_ms=LONG, max_running_requests=8).core
+    core.add_request("first", _prompt(0), GREEDY)
+    core.step()
+    core.add_request("next", _prompt(1), GREEDY)
+    core.step()
+    assert not _waiting(core, "next")
     while core.has_work():
         core.step()
 
@@ -56,7 +68,8 @@ def test_full_slots_do_not_end_the_wait(path, make_llm):
 
 
 def test_arrivals_that_fill_the_prefill_budget_are_admitted_at_once(path, make_llm):
-    core = make_llm(path, admission_wait_ms=LONG, max_prefill_tokens=16, page_size=4).core
+    core = make_llm(path, admission_wait_ms=LONG, max_prefill_tokens=16, page_size=4,
+                    max_running_requests=4).core
     core.add_request("first", _prompt(0), GREEDY)
     core.step()
     core.add_request("small", _prompt(0), GREEDY)  # 6 tokens of a 16-token budget
@@ -75,7 +88,7 @@ def test_held_arrivals_get_the_same_tokens(path, make_llm):
     params = [GREEDY, SamplingParams(temperature=0.8, seed=5, max_new_tokens=12, ignore_eos=True)] * 3
     outs = {}
     for wait in (0.0, LONG):
-        core = make_llm(path, admission_wait_ms=wait, max_running_requests=8).core
+        core = make_llm(path, admission_wait_ms=wait, max_running_requests=4).core
         core.add_request("r0", prompts[0], params[0])
         got: dict[str, list[int]] = {}
         step = 0
