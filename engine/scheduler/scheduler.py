@@ -15,6 +15,7 @@ a step that retracted, so no request is admitted again before its in-flight toke
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 
@@ -122,8 +123,8 @@ class Scheduler:
             return True  # below a quarter of the slots the engine has room: no one waits
         if time.monotonic() - self.waiting[0].queued_at >= wait_s:
             return True
-        pending = 0
-        for req in self.waiting:
+        pending = 0  # prompt tokens of those the free slots can take now
+        for req in itertools.islice(self.waiting, self.table.num_free_slots):
             pending += req.prompt_len + len(req.output_ids)
             if pending >= budget:
                 return True

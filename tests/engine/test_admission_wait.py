@@ -82,6 +82,22 @@ def test_arrivals_that_fill_the_prefill_budget_are_admitted_at_once(path, make_l
         core.step()
 
 
+def test_a_queue_beyond_the_free_slots_still_waits(path, make_llm):
+    """Only what the free slots can take counts toward the budget: a long queue behind one free
+    slot waits, so an offline queue of thousands enters in groups too."""
+    core = make_llm(path, admission_wait_ms=LONG, max_prefill_tokens=16, page_size=4,
+                    max_running_requests=4).core
+    for i in range(3):
+        core.add_request(f"run{i}", _prompt(0), GREEDY)
+    core.step()
+    core.add_request("a", _prompt(0), GREEDY)  # 6 tokens fit the one free slot
+    core.add_request("b", _prompt(12), GREEDY)  # 18 more, but no slot for them yet
+    core.step()
+    assert _waiting(core, "a") and _waiting(core, "b")
+    while core.has_work():
+        core.step()
+
+
 def test_held_arrivals_get_the_same_tokens(path, make_llm):
     """Outputs do not depend on when a request is admitted (greedy, and seeded sampling)."""
     prompts = [_prompt(i) for i in range(6)]
