@@ -146,7 +146,8 @@ async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrenc
     tokens = sum(r.output_tokens for r in done)
     tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     good = [r for r in done if r.ttft_s * 1e3 <= cfg.slo_ttft_ms and (
-        r.output_tokens < 2 or (r.e2e_s - r.ttft_s) / (r.output_tokens - 1) * 1e3 <= cfg.slo_tpot_ms)]
+        r.output_tokens < 2
+        or (r.e2e_s - r.ttft_s) / (r.output_tokens - 1) * 1e3 <= cfg.slo_tpot_ms)]
     return LevelResult(
         concurrency=concurrency, request_rate=rate, completed=len(done),
         failed=len(records) - len(done), goodput_s=len(good) / duration,
@@ -171,14 +172,16 @@ async def run(cfg: BenchConfig) -> list[LevelResult]:
 
 
 def format_table(results: list[LevelResult]) -> str:
-    head = (f"{'conc':>5} {'rate':>6} {'ok':>5} {'fail':>4} {'tok/s':>8} {'req/s':>6} {'good/s':>6} "
+    head = (f"{'conc':>5} {'rate':>6} {'ok':>5} {'fail':>4} {'tok/s':>8} {'req/s':>6} "
+            f"{'good/s':>6} "
             f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} "
             f"{'ITL p50':>8} {'ITL p99':>8} {'E2E p50':>9} {'E2E p99':>9}")
     rows = [head, "-" * len(head)]
     for r in results:
         rows.append(
             f"{r.concurrency:>5} {r.request_rate:>6.1f} {r.completed:>5} {r.failed:>4} "
-            f"{r.output_tok_s:>8.1f} {r.request_s:>6.2f} {r.goodput_s:>6.2f} {r.ttft_ms['p50']:>9.1f} {r.ttft_ms['p99']:>9.1f} "
+            f"{r.output_tok_s:>8.1f} {r.request_s:>6.2f} {r.goodput_s:>6.2f} "
+            f"{r.ttft_ms['p50']:>9.1f} {r.ttft_ms['p99']:>9.1f} "
             f"{r.tpot_ms['p50']:>9.1f} {r.tpot_ms['p99']:>9.1f} {r.itl_ms['p50']:>8.1f} "
             f"{r.itl_ms['p99']:>8.1f} {r.e2e_ms['p50']:>9.1f} {r.e2e_ms['p99']:>9.1f}")
     return "\n".join(rows) + "\n(latencies in ms)"
@@ -219,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="then Poisson arrivals at these fractions of the best measured request "
                         "rate, e.g. 0.5,0.75,0.9 (capped at the largest concurrency)")
     p.add_argument("--slo-ttft-ms", type=float, default=float("inf"),
-                   help="goodput counts requests with TTFT within this (and TPOT within --slo-tpot-ms)")
+                   help="goodput counts requests with TTFT within this "
+                        "(and TPOT within --slo-tpot-ms)")
     p.add_argument("--slo-tpot-ms", type=float, default=float("inf"))
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)

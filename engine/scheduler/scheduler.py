@@ -113,11 +113,12 @@ class Scheduler:
 
     def _admission_due(self, budget: int) -> bool:
         """Whether this step admits new requests. With `admission_wait_ms` and at least a quarter
-        of the request slots decoding, arrivals wait to be admitted together until the oldest has waited that long, or until the
-        waiting prompts fill the step's prefill budget (waiting longer would add nobody to the
-        step). Free slots do not end the wait: running requests finish meanwhile and free more.
-        A lightly loaded engine admits at once: it has the room, and waiting would only add to the
-        time to first token."""
+        of the request slots decoding, arrivals wait to be admitted together until the oldest has
+        waited that long, or until the prompts that the free slots can take fill the step's prefill
+        budget (waiting longer would add nobody to the step). Full slots do not end the wait:
+        running requests finish meanwhile and free more, and an offline queue of thousands then
+        still enters in groups. A lightly loaded engine admits at once: it has the room, and
+        waiting would only add to the time to first token."""
         wait_s = self.config.admission_wait_ms / 1000
         if wait_s <= 0 or len(self.running) * 4 < self.config.max_running_requests:
             return True  # below a quarter of the slots the engine has room: no one waits

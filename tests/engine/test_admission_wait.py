@@ -4,7 +4,6 @@ steps that carry prefill), but never past the wait, and at once when waiting lon
 from __future__ import annotations
 
 import pytest
-
 from radixserve.engine import SamplingParams
 from radixserve.engine.request import ReqStatus
 
@@ -101,7 +100,8 @@ def test_a_queue_beyond_the_free_slots_still_waits(path, make_llm):
 def test_held_arrivals_get_the_same_tokens(path, make_llm):
     """Outputs do not depend on when a request is admitted (greedy, and seeded sampling)."""
     prompts = [_prompt(i) for i in range(6)]
-    params = [GREEDY, SamplingParams(temperature=0.8, seed=5, max_new_tokens=12, ignore_eos=True)] * 3
+    seeded = SamplingParams(temperature=0.8, seed=5, max_new_tokens=12, ignore_eos=True)
+    params = [GREEDY, seeded] * 3
     outs = {}
     for wait in (0.0, LONG):
         core = make_llm(path, admission_wait_ms=wait, max_running_requests=4).core
