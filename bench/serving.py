@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -187,25 +189,38 @@ def format_table(results: list[LevelResult]) -> str:
     return "\n".join(rows) + "\n(latencies in ms)"
 
 
-def _vocab_of(model: str) -> int:
-    from radixserve.engine.llm import resolve_model_path
-    from radixserve.engine.models.config import ModelArgs
-
-    return ModelArgs.from_folder(resolve_model_path(model)).vocab_size
-
-
-def offline_tok_s(model: str, cfg: BenchConfig, vocab: int) -> float:
-    """The same workload through the offline engine in this process: the service plane's ceiling."""
+def offline_tok_s(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float:
+    """The same workload through the offline engine, configured as `radixserve serve --model MODEL
+    SERVE_FLAGS` configures its scheduler: the service plane's ceiling."""
     from radixserve.engine import LLM, SamplingParams
+    from radixserve.services.cli import build_parser, engine_config
 
-    work = _workload(cfg, vocab)
-    llm = LLM(model, max_running_requests=max(cfg.concurrencies))
+    args = build_parser().parse_args(["serve", "--model", model, *serve_flags])
+    config = engine_config(args, model)
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    fields.pop("model_path")
+    llm = LLM(model, **fields)
+    work = _workload(cfg, llm.core.model_info.vocab_size)
     params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=m, ignore_eos=True)
               for _, m in work]
     llm.generate([work[0][0]], SamplingParams(max_new_tokens=2))  # warm-up, as the gateway run does
     start = time.perf_counter()
     outs = llm.generate([p for p, _ in work], params)
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
+
+
+def offline_in_child(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float:
+    """`offline_tok_s` in a process of its own, run before the stack starts: it has the device to
+    itself and gives all of its memory back when it exits. (Run after the stack, in this process,
+    the baseline sized its KV pool from memory that the stopping services had not yet returned,
+    and varied by a third between runs.)"""
+    argv = [sys.executable, "-m", "radixserve.bench.serving", "--offline-only", "--launch",
+            "--model", model,
+            "--num-prompts", str(cfg.num_prompts), "--input-len", str(cfg.input_len),
+            "--output-len", str(cfg.output_len), "--range-ratio", str(cfg.range_ratio),
+            "--temperature", str(cfg.temperature), "--seed", str(cfg.seed), "--", *serve_flags]
+    out = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["offline_tok_s"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,25 +244,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n", type=int, default=1, help="completions per request (sampling.n)")
     p.add_argument("--offline-baseline", action="store_true",
-                   help="after the serving run, run the same requests through the offline engine "
-                        "(--model, engine defaults, slots = the largest concurrency) and report "
-                        "the ratio")
+                   help="first run the same requests through the offline engine (--model, the "
+                        "engine flags given to serve after --) and report the ratio")
+    p.add_argument("--offline-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", dest="json_path", help="write the results here")
     args, extra = parse_stack_args(p, argv)
     if args.n > 1 and args.offline_baseline:
         p.error("--offline-baseline runs one completion per request: leave --n at 1")
+    cfg = BenchConfig(args.target, tuple(int(c) for c in args.concurrency.split(",")),
+                      args.num_prompts, args.input_len, args.output_len, args.range_ratio,
+                      args.request_rate, args.temperature, args.seed, args.n,
+                      tuple(float(f) for f in args.rate_fractions.split(",") if f),
+                      args.slo_ttft_ms, args.slo_tpot_ms)
+    if args.offline_only:  # the child of offline_in_child
+        print(json.dumps({"offline_tok_s": offline_tok_s(args.model, cfg, extra)}))
+        return 0
+    offline = offline_in_child(args.model, cfg, extra) if args.offline_baseline else None
     with stack(args, extra) as (target, _):
-        cfg = BenchConfig(target, tuple(int(c) for c in args.concurrency.split(",")),
-                          args.num_prompts, args.input_len, args.output_len, args.range_ratio,
-                          args.request_rate, args.temperature, args.seed, args.n,
-                          tuple(float(f) for f in args.rate_fractions.split(",") if f),
-                          args.slo_ttft_ms, args.slo_tpot_ms)
-        results = asyncio.run(run(cfg))
+        results = asyncio.run(run(dataclasses.replace(cfg, target=target)))
     print(format_table(results))
     payload: dict[str, Any] = {"config": asdict(cfg), "results": [asdict(r) for r in results]}
-    if args.offline_baseline:  # runs after the stack has stopped, so it has the machine to itself
+    if offline is not None:
         best = max(results, key=lambda r: r.output_tok_s)
-        offline = offline_tok_s(args.model, cfg, vocab=_vocab_of(args.model))
         payload["offline_tok_s"] = offline
         print(f"offline engine, same requests: {offline:.1f} tok/s; best through the gateway: "
               f"{best.output_tok_s:.1f} tok/s at concurrency {best.concurrency} "

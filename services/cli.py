@@ -208,7 +208,7 @@ def _resolve_model(model: str) -> str:
     return model
 
 
-def _engine_config(args: argparse.Namespace, model_path: str) -> Any:
+def engine_config(args: argparse.Namespace, model_path: str) -> Any:
     from radixserve.engine.config import EngineConfig
 
     known = _engine_fields()
@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         from radixserve.services.supervisor import Supervisor
 
-        engine = _engine_config(args, _resolve_model(args.model))
+        engine = engine_config(args, _resolve_model(args.model))
         serve_config = cfg.ServeConfig(
             engine=engine, gateway=_frontend_config(args), host=args.host, port=args.port,
             metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
@@ -296,7 +296,7 @@ async def _serve_one(args: argparse.Namespace) -> int:
         return await serve_detokenizer(args.address, model_path, secret)
     from radixserve.services.scheduler.server import serve as serve_scheduler
 
-    engine = _engine_config(args, model_path)
+    engine = engine_config(args, model_path)
     return await serve_scheduler(
         args.address, engine, args.detokenizer_addr, args.metrics_port, args.drain_timeout, secret,
         args.watchdog_timeout or None,
