@@ -16,7 +16,7 @@ ORDINARY, EDGE = 300, 450
 # Folders checked; one that does not exist (yet) is skipped.
 FOLDERS = ("engine", "native", "services", "clients/python/radixserve/client", "bench")
 EDGE_FOLDERS = ("clients/python/radixserve/client", "bench")  # client libraries, benchmarks
-EDGE_FILES = {"server.py", "cli.py", "supervisor.py", "bench_serving.py"}  # servers, entry points
+EDGE_FILES = {"server.py", "cli.py", "supervisor.py"}  # servers, entry points
 SKIP = ("_pb2", "demo_corpus.py")  # generated code and data
 
 
