@@ -95,6 +95,7 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 # -- images ------------------------------------------------------------------------------------
+say "base image $base"
 $sudo env RADIXSERVE_BASE_TAG="$base" docker/base-image.sh
 py_version=$(docker run --rm "$base" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 PYTHON="$python" docker/build-extras.sh "torch==$torch_version" "$py_version"
