@@ -212,6 +212,7 @@ def create_demo_model(path: str | Path, *, seed: int = 0) -> Path:
         for name, shape in sorted(qwen3_param_shapes(vocab_size).items())
     }
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    _make_world_readable(path)
     return path
 
 
@@ -238,8 +239,7 @@ def demo_model_path() -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     try:
-        create_demo_model(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache may be shared (docker volumes)
+        create_demo_model(tmp)  # also undoes mkdtemp's owner-only mode: the cache may be shared
         try:
             os.rename(tmp, final)
         except OSError:
@@ -248,6 +248,14 @@ def demo_model_path() -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already if the rename won
     return final
+
+
+def _make_world_readable(path: Path) -> None:
+    """Folder 0755, files 0644, whatever the umask or the writer chose: safetensors' save_file
+    creates its file 0600, and a model built by root (an image build) is served by another user."""
+    path.chmod(0o755)
+    for child in path.iterdir():
+        child.chmod(0o755 if child.is_dir() else 0o644)
 
 
 def _write_json(path: Path, obj: dict) -> None:

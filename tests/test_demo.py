@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import threading
@@ -33,6 +35,19 @@ def test_same_seed_same_bytes(tmp_path):
     other = _contents(create_demo_model(tmp_path / "c", seed=1))
     assert other["model.safetensors"] != a["model.safetensors"]
     assert other["tokenizer.json"] == a["tokenizer.json"]
+
+
+def test_files_are_world_readable_whatever_the_umask(tmp_path):
+    # An image builds the model as root and serves it as another user (docker/Dockerfile).
+    old = os.umask(0o077)
+    try:
+        path = create_demo_model(tmp_path / "m")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o755
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()} == dict.fromkeys(
+        FILES, 0o644
+    )
 
 
 def test_config_and_tokenizer(tmp_path):

@@ -201,6 +201,10 @@ def test_dockerfile_targets_builders_and_runtimes() -> None:
         assert "pip wheel --no-deps --wheel-dir /wheels ./clients/python" in stages[builder].body
         assert "radixserve_client-*.whl /wheels/radixserve-*.whl" in stages[builder].body
         assert "backend_name() == 'cpp'" in stages[builder].body
+        # Extra CAs and wheels (docker/build-extras/) reach the builder only, never the runtime.
+        assert "COPY docker/build-extras/ /build-extras/" in stages[builder].body
+        assert "PIP_FIND_LINKS=/build-extras/wheels" in stages[builder].body
+        assert "build-extras" not in runtime.body
     assert args["PYTHON_IMAGE"].startswith("python:3.12-slim-")
     assert args["CUDA_IMAGE"].startswith("nvidia/cuda:") and "runtime" in args["CUDA_IMAGE"]
     assert re.fullmatch(r"\d+\.\d+\.\d+", args["TORCH_VERSION"])
@@ -216,5 +220,5 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
         assert needed in patterns, needed
     # Everything the Dockerfile copies must survive the ignore list.
     for kept in ("pyproject.toml", "setup.py", "README.md", "engine", "services", "bench", "native",
-                 "protos", "clients"):
+                 "protos", "clients", "docker/build-extras"):
         assert kept not in patterns and (REPO / kept).exists(), kept
