@@ -55,7 +55,7 @@ class Req:
     # Admitted only once this request's full prompt pages are in the prefix cache (Scheduler.ready):
     # the n completions of one prompt then compute its KV once.
     after: Req | None = None
-    # Structured output: the request's place in its grammar, advanced by every token the host learns.
+    # Structured output: the request's place in its grammar, advanced by each token the host learns.
     grammar: GrammarMatcher | None = None
     queued_at: float = 0.0  # time.monotonic() when it was queued (Scheduler.add)
     prompt_array: np.ndarray = field(init=False, repr=False)
