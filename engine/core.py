@@ -17,6 +17,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.constrained.bitmask import fill_grammar_mask
 from radixserve.engine.constrained.compiler import Grammar, GrammarCompiler
 from radixserve.engine.constrained.matcher import GrammarMatcher
 from radixserve.engine.distributed.launch import TPLeader, building
@@ -117,9 +118,6 @@ class EngineCore:
         constraint = params.constraint
         if constraint is None:
             return None
-        if self.config.tp_size > 1:  # followers sample on their own and have no matchers
-            raise InvalidRequestError("structured output (json_schema, regex, ebnf) is not "
-                                      "supported with tensor parallelism (tp_size > 1)")
         with self._grammars_lock:
             if self._grammars is None:
                 self._grammars = GrammarCompiler(self.config.model_path, self.args.vocab_size,
@@ -183,6 +181,9 @@ class EngineCore:
     def step(self) -> list[StepOutput]:
         batch = self.scheduler.schedule()
         if batch is not None and self.tp is not None:
+            # Every rank samples, but only this one has grammar state: the plan carries the mask.
+            batch.grammar = fill_grammar_mask([r.grammar for r, s in zip(batch.reqs, batch.sample)
+                                               if s], self.args.vocab_size)
             self.tp.send_plan(batch, self.runner.table)
         launched = (batch, self.runner.forward(batch)) if batch is not None else None
         if not self.config.overlap:

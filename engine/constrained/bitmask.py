@@ -14,26 +14,35 @@ if TYPE_CHECKING:
     from radixserve.engine.constrained.matcher import GrammarMatcher
 
 
+class HostGrammarMask(NamedTuple):
+    rows: list[int]  # the sampled rows (of the step's logits) that are constrained
+    bits: torch.Tensor  # (G, ceil(V / 32)) int32, cpu (pinned on CUDA)
+
+
 class GrammarMask(NamedTuple):
-    rows: torch.Tensor  # (G,) int64, the sampled rows (of the step's logits) that are constrained
-    bits: torch.Tensor  # (G, ceil(V / 32)) int32
+    rows: torch.Tensor  # (G,) int64, on the device
+    bits: torch.Tensor  # (G, ceil(V / 32)) int32, on the device
 
 
 def fill_grammar_mask(matchers: Sequence[GrammarMatcher | None], vocab_size: int,
-                      device: torch.device) -> GrammarMask | None:
-    """One mask row per matcher that is not None; None when there is none. The fill runs on the
-    host (into pinned memory on CUDA) and the copy to the device does not wait."""
+                      pin: bool = False) -> HostGrammarMask | None:
+    """One mask row per matcher that is not None (one per sampled row); None when all are."""
     rows = [j for j, m in enumerate(matchers) if m is not None]
     if not rows:
         return None
     words = -(-vocab_size // 32)
-    bits = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=device.type == "cuda")
+    bits = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=pin)
     for i, j in enumerate(rows):
         matcher = matchers[j]
         assert matcher is not None
         matcher.fill(bits, i)
-    return GrammarMask(torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
-                       bits.to(device, non_blocking=True))
+    return HostGrammarMask(rows, bits)
+
+
+def to_device(mask: HostGrammarMask, device: torch.device) -> GrammarMask:
+    """The copies do not wait for the host (the bits are pinned on CUDA)."""
+    return GrammarMask(torch.tensor(mask.rows, dtype=torch.int64).to(device, non_blocking=True),
+                       mask.bits.to(device, non_blocking=True))
 
 
 def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor:

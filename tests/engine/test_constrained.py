@@ -7,16 +7,15 @@ import json
 import re
 import sys
 import threading
-from types import SimpleNamespace
 
 import jsonschema
 import pytest
 import torch
-from radixserve.engine import InvalidRequestError, SamplingParams
+from conftest import register_engine
+from radixserve.engine import LLM, InvalidRequestError, SamplingParams
 from radixserve.engine.constrained.bitmask import apply_grammar_mask, fill_grammar_mask
 from radixserve.engine.constrained.compiler import GrammarCompiler
 from radixserve.engine.constrained.matcher import GrammarMatcher
-from radixserve.engine.core import EngineCore
 
 # Finite (or bounded) languages only: the weights are random, so only the grammar ends an output.
 SCHEMAS = [
@@ -98,8 +97,6 @@ def ids(outs):
 @pytest.fixture(scope="module")
 def reference(path):
     """The workload's outputs with overlap off and no pressure, checked once."""
-    from radixserve.engine import LLM
-
     prompts, params = workload()
     outs = LLM(str(path), device="cpu", dtype="float32", overlap=False).generate(prompts, params)
     assert check_in_language(outs, params) == NUM_CONSTRAINED
@@ -251,8 +248,17 @@ def test_unconstrained_requests_need_no_xgrammar(path, make_llm, monkeypatch):
         llm.generate([prompt(0)], SamplingParams(regex="a+"))
 
 
-def test_tensor_parallel_refuses_constraints():
-    fake = SimpleNamespace(config=SimpleNamespace(tp_size=2))
-    assert EngineCore.compile_grammar(fake, SamplingParams()) is None  # type: ignore[arg-type]
-    with pytest.raises(InvalidRequestError, match="tensor parallelism"):
-        EngineCore.compile_grammar(fake, SamplingParams(regex="a"))  # type: ignore[arg-type]
+@pytest.mark.parametrize("overlap", [True, False])
+def test_tensor_parallel_ranks_apply_the_same_mask(path, reference, overlap):
+    """Followers have no grammar state: rank 0's plan carries the mask, or their token pools (and
+    so the next step's all-reduced activations) would disagree with rank 0's."""
+    prompts, params, expected = reference
+    picked = list(range(0, 24))
+    extra = [sampling(1, regex=REGEXES[0], min_new_tokens=30)]  # no ban on a constrained row
+    with LLM(str(path), device="cpu", dtype="float32", tp_size=2, page_size=4,
+             max_prefill_tokens=32, overlap=overlap, tp_timeout_s=60.0) as llm:
+        register_engine(llm.core)
+        outs = llm.generate([prompts[i] for i in picked] + [prompt(1)],
+                            [params[i] for i in picked] + extra)
+    assert ids(outs[:-1]) == [expected[i] for i in picked]
+    assert check_in_language(outs, [params[i] for i in picked] + extra) == 19
