@@ -164,8 +164,10 @@ class ModelRunner:
             last = (starts + ext - 1)[rows].to(dev, non_blocking=True)
             logits = self.model.compute_logits(hidden[last])
         # The host fills constrained rows' masks while the device runs the forward just launched.
-        mask = batch.grammar or fill_grammar_mask([batch.reqs[i].grammar for i in rows],
-                                                  self.args.vocab_size, pin=self.stream is not None)
+        mask = batch.grammar  # filled already under tensor parallelism (EngineCore.step)
+        if mask is None:
+            mask = fill_grammar_mask([batch.reqs[i].grammar for i in rows], self.args.vocab_size,
+                                     pin=self.stream is not None)
         sb = build_sampling_batch(batch, rows, self.eos_ids, dev, mask)
         out = self.sampler(logits.float(), sb, table.token_pool)  # (S, V) float32 in
         sample_slots = slots[rows].to(dev, non_blocking=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import register_engine
 from radixserve.engine import LLM, InvalidRequestError, SamplingParams
-from radixserve.engine.constrained.bitmask import apply_grammar_mask, fill_grammar_mask
+from radixserve.engine.constrained.bitmask import apply_grammar_mask, fill_grammar_mask, to_device
 from radixserve.engine.constrained.compiler import GrammarCompiler
 from radixserve.engine.constrained.matcher import GrammarMatcher
 
@@ -229,15 +229,15 @@ def test_mask_bans_ids_past_the_tokenizer_and_applies_to_its_rows(path):
     # A model vocabulary larger than the tokenizer's (1024): those ids are never allowed.
     compiler = GrammarCompiler(str(path), 1030, (2,))
     matcher = GrammarMatcher(compiler.compile("regex", "(yes|no)"), (2,))
-    mask = fill_grammar_mask([None, matcher, None], 1030, torch.device("cpu"))
-    assert mask is not None and mask.bits.shape == (1, 33) and mask.rows.tolist() == [1]
+    mask = fill_grammar_mask([None, matcher, None], 1030)
+    assert mask is not None and mask.bits.shape == (1, 33) and mask.rows == [1]
     logits = torch.randn(3, 1030)
-    out = apply_grammar_mask(logits, mask)
+    out = apply_grammar_mask(logits, to_device(mask, torch.device("cpu")))
     assert torch.equal(out[[0, 2]], logits[[0, 2]])
     allowed = torch.isfinite(out[1]).nonzero().flatten().tolist()
     assert allowed and max(allowed) < 1024 and 2 not in allowed  # EOS only once complete
     assert torch.equal(out[1, allowed], logits[1, allowed])
-    assert fill_grammar_mask([None, None], 1030, torch.device("cpu")) is None
+    assert fill_grammar_mask([None, None], 1030) is None
 
 
 def test_unconstrained_requests_need_no_xgrammar(path, make_llm, monkeypatch):
