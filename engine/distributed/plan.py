@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
+from radixserve.engine.constrained.bitmask import HostGrammarMask
 from radixserve.engine.distributed.comm import TPGroupError
 from radixserve.engine.kvcache.table import RowWrite, TableManager
 from radixserve.engine.request import Req
@@ -72,6 +73,9 @@ class PlanEncoder:
         rows.prefix_lens.extend(batch.prefix_lens)
         rows.seq_lens.extend(batch.seq_lens)
         rows.sample.extend(batch.sample)
+        if batch.grammar is not None:
+            plan.grammar.rows.extend(batch.grammar.rows)
+            plan.grammar.bits = batch.grammar.bits.numpy().tobytes()
         return plan.SerializeToString()
 
     def encode_shutdown(self) -> bytes:
@@ -87,6 +91,7 @@ class SlotReq:
     seed: int
     params: SamplingParams
     device_len: int = 0
+    grammar: None = None  # grammar state stays on rank 0; the plan carries each step's mask
 
     @property
     def prefill_done(self) -> bool:
@@ -123,4 +128,8 @@ class PlanDecoder:
             # Rank 0's device_len right after scheduling: the sampled token sits one past seq_len.
             req.device_len = seq_len + int(sample)
             batch.add(cast(Req, req), prefix_len, seq_len, sample)
+        if plan.HasField("grammar"):
+            g = plan.grammar
+            bits = torch.frombuffer(bytearray(g.bits), dtype=torch.int32)
+            batch.grammar = HostGrammarMask(list(g.rows), bits.view(len(g.rows), -1))
         return batch

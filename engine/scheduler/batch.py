@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from radixserve.engine.request import Req
+
+if TYPE_CHECKING:
+    from radixserve.engine.constrained.bitmask import HostGrammarMask
 
 Phase = Literal["prefill", "decode", "mixed"]
 
@@ -16,6 +19,9 @@ class Batch:
     prefix_lens: list[int] = field(default_factory=list)  # positions before this step's tokens
     seq_lens: list[int] = field(default_factory=list)  # positions after them
     sample: list[bool] = field(default_factory=list)  # whether the step samples the next token
+    # Constrained rows' token mask when filled before the step launches (tensor parallelism: the
+    # plan carries it to followers, which have no grammar state); None: the runner fills it.
+    grammar: HostGrammarMask | None = None
 
     def add(self, req: Req, prefix_len: int, seq_len: int, sample: bool) -> None:
         self.reqs.append(req)

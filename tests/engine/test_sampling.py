@@ -148,10 +148,26 @@ def test_logprobs_are_returned(path, make_llm):
     ({"stop": ("",)}, "stop"), ({"stop": tuple("abcdefghijklmnopq")}, "stop"),
     ({"stop": ("x" * 300,)}, "stop"), ({"top_logprobs": 21}, "top_logprobs"),
     ({"min_new_tokens": 5, "max_new_tokens": 2}, "min_new_tokens"),
+    ({"regex": ""}, "regex"), ({"ebnf": "  "}, "ebnf"), ({"json_schema": 5}, "json_schema"),
+    ({"regex": "a", "ebnf": 'root ::= "a"'}, "regex and ebnf"),
 ])
 def test_bad_params_name_the_field(kwargs, field):
     with pytest.raises(InvalidRequestError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_constraint_fields():
+    from radixserve.engine.sampling.params import MAX_CONSTRAINT_CHARS
+
+    assert SamplingParams().constraint is None
+    assert SamplingParams(regex="a+").constraint == ("regex", "a+")
+    assert SamplingParams(ebnf='root ::= "a"').constraint == ("ebnf", 'root ::= "a"')
+    p = SamplingParams(json_schema={"type": "string"})
+    assert p.constraint == ("json_schema", '{"type": "string"}') and hash(p)
+    SamplingParams(regex="a" * MAX_CONSTRAINT_CHARS)
+    n = MAX_CONSTRAINT_CHARS + 1
+    with pytest.raises(InvalidRequestError, match=f"json_schema is {n} .* {MAX_CONSTRAINT_CHARS}"):
+        SamplingParams(json_schema="x" * n)
 
 
 def test_bad_requests_are_rejected_before_running(path, make_llm):

@@ -24,23 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$radixserve/internal/tp/v1/plan.proto\x12\x19radixserve.internal.tp.v1\"\xcc\x01\n\x08StepPlan\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08shutdown\x18\x02 \x01(\x08\x12\x38\n\x08\x62indings\x18\x03 \x03(\x0b\x32&.radixserve.internal.tp.v1.SlotBinding\x12\x33\n\x06writes\x18\x04 \x03(\x0b\x32#.radixserve.internal.tp.v1.RowWrite\x12\x32\n\x04rows\x18\x05 \x01(\x0b\x32$.radixserve.internal.tp.v1.BatchRows\"{\n\x0bSlotBinding\x12\x0c\n\x04slot\x18\x01 \x01(\r\x12\x12\n\nprompt_len\x18\x02 \x01(\r\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12<\n\x08sampling\x18\x04 \x01(\x0b\x32*.radixserve.internal.tp.v1.SamplingOptions\"\x90\x02\n\x0fSamplingOptions\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05min_p\x18\x04 \x01(\x01\x12\x16\n\x0emin_new_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x01\x12\x14\n\x0ctop_logprobs\x18\x0b \x01(\r\x12\x10\n\x08logprobs\x18\x0c \x01(\x08\"m\n\x08RowWrite\x12\x34\n\x06target\x18\x01 \x01(\x0e\x32$.radixserve.internal.tp.v1.RowTarget\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0e\n\x06values\x18\x04 \x03(\x03\"Q\n\tBatchRows\x12\r\n\x05slots\x18\x01 \x03(\r\x12\x13\n\x0bprefix_lens\x18\x02 \x03(\r\x12\x10\n\x08seq_lens\x18\x03 \x03(\r\x12\x0e\n\x06sample\x18\x04 \x03(\x08*]\n\tRowTarget\x12\x1a\n\x16ROW_TARGET_UNSPECIFIED\x10\x00\x12\x19\n\x15ROW_TARGET_PAGE_TABLE\x10\x01\x12\x19\n\x15ROW_TARGET_TOKEN_POOL\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$radixserve/internal/tp/v1/plan.proto\x12\x19radixserve.internal.tp.v1\"\x85\x02\n\x08StepPlan\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08shutdown\x18\x02 \x01(\x08\x12\x38\n\x08\x62indings\x18\x03 \x03(\x0b\x32&.radixserve.internal.tp.v1.SlotBinding\x12\x33\n\x06writes\x18\x04 \x03(\x0b\x32#.radixserve.internal.tp.v1.RowWrite\x12\x32\n\x04rows\x18\x05 \x01(\x0b\x32$.radixserve.internal.tp.v1.BatchRows\x12\x37\n\x07grammar\x18\x06 \x01(\x0b\x32&.radixserve.internal.tp.v1.GrammarMask\")\n\x0bGrammarMask\x12\x0c\n\x04rows\x18\x01 \x03(\r\x12\x0c\n\x04\x62its\x18\x02 \x01(\x0c\"{\n\x0bSlotBinding\x12\x0c\n\x04slot\x18\x01 \x01(\r\x12\x12\n\nprompt_len\x18\x02 \x01(\r\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12<\n\x08sampling\x18\x04 \x01(\x0b\x32*.radixserve.internal.tp.v1.SamplingOptions\"\x90\x02\n\x0fSamplingOptions\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05min_p\x18\x04 \x01(\x01\x12\x16\n\x0emin_new_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x01\x12\x18\n\x10presence_penalty\x18\n \x01(\x01\x12\x14\n\x0ctop_logprobs\x18\x0b \x01(\r\x12\x10\n\x08logprobs\x18\x0c \x01(\x08\"m\n\x08RowWrite\x12\x34\n\x06target\x18\x01 \x01(\x0e\x32$.radixserve.internal.tp.v1.RowTarget\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0e\n\x06values\x18\x04 \x03(\x03\"Q\n\tBatchRows\x12\r\n\x05slots\x18\x01 \x03(\r\x12\x13\n\x0bprefix_lens\x18\x02 \x03(\r\x12\x10\n\x08seq_lens\x18\x03 \x03(\r\x12\x0e\n\x06sample\x18\x04 \x03(\x08*]\n\tRowTarget\x12\x1a\n\x16ROW_TARGET_UNSPECIFIED\x10\x00\x12\x19\n\x15ROW_TARGET_PAGE_TABLE\x10\x01\x12\x19\n\x15ROW_TARGET_TOKEN_POOL\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixserve.internal.tp.v1.plan_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROWTARGET']._serialized_start=868
-  _globals['_ROWTARGET']._serialized_end=961
+  _globals['_ROWTARGET']._serialized_start=968
+  _globals['_ROWTARGET']._serialized_end=1061
   _globals['_STEPPLAN']._serialized_start=68
-  _globals['_STEPPLAN']._serialized_end=272
-  _globals['_SLOTBINDING']._serialized_start=274
-  _globals['_SLOTBINDING']._serialized_end=397
-  _globals['_SAMPLINGOPTIONS']._serialized_start=400
-  _globals['_SAMPLINGOPTIONS']._serialized_end=672
-  _globals['_ROWWRITE']._serialized_start=674
-  _globals['_ROWWRITE']._serialized_end=783
-  _globals['_BATCHROWS']._serialized_start=785
-  _globals['_BATCHROWS']._serialized_end=866
+  _globals['_STEPPLAN']._serialized_end=329
+  _globals['_GRAMMARMASK']._serialized_start=331
+  _globals['_GRAMMARMASK']._serialized_end=372
+  _globals['_SLOTBINDING']._serialized_start=374
+  _globals['_SLOTBINDING']._serialized_end=497
+  _globals['_SAMPLINGOPTIONS']._serialized_start=500
+  _globals['_SAMPLINGOPTIONS']._serialized_end=772
+  _globals['_ROWWRITE']._serialized_start=774
+  _globals['_ROWWRITE']._serialized_end=883
+  _globals['_BATCHROWS']._serialized_start=885
+  _globals['_BATCHROWS']._serialized_end=966
 # @@protoc_insertion_point(module_scope)

@@ -17,18 +17,28 @@ ROW_TARGET_PAGE_TABLE: RowTarget
 ROW_TARGET_TOKEN_POOL: RowTarget
 
 class StepPlan(_message.Message):
-    __slots__ = ("seq", "shutdown", "bindings", "writes", "rows")
+    __slots__ = ("seq", "shutdown", "bindings", "writes", "rows", "grammar")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     BINDINGS_FIELD_NUMBER: _ClassVar[int]
     WRITES_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     seq: int
     shutdown: bool
     bindings: _containers.RepeatedCompositeFieldContainer[SlotBinding]
     writes: _containers.RepeatedCompositeFieldContainer[RowWrite]
     rows: BatchRows
-    def __init__(self, seq: _Optional[int] = ..., shutdown: _Optional[bool] = ..., bindings: _Optional[_Iterable[_Union[SlotBinding, _Mapping]]] = ..., writes: _Optional[_Iterable[_Union[RowWrite, _Mapping]]] = ..., rows: _Optional[_Union[BatchRows, _Mapping]] = ...) -> None: ...
+    grammar: GrammarMask
+    def __init__(self, seq: _Optional[int] = ..., shutdown: _Optional[bool] = ..., bindings: _Optional[_Iterable[_Union[SlotBinding, _Mapping]]] = ..., writes: _Optional[_Iterable[_Union[RowWrite, _Mapping]]] = ..., rows: _Optional[_Union[BatchRows, _Mapping]] = ..., grammar: _Optional[_Union[GrammarMask, _Mapping]] = ...) -> None: ...
+
+class GrammarMask(_message.Message):
+    __slots__ = ("rows", "bits")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedScalarFieldContainer[int]
+    bits: bytes
+    def __init__(self, rows: _Optional[_Iterable[int]] = ..., bits: _Optional[bytes] = ...) -> None: ...
 
 class SlotBinding(_message.Message):
     __slots__ = ("slot", "prompt_len", "seed", "sampling")
