@@ -8,13 +8,17 @@ been given a (wasted) slot in step N+1; its result is simply dropped.
 from __future__ import annotations
 
 import json
+import logging
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import torch
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.constrained.compiler import Grammar, GrammarCompiler
+from radixserve.engine.constrained.matcher import GrammarMatcher
 from radixserve.engine.distributed.launch import TPLeader, building
 from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
@@ -24,6 +28,8 @@ from radixserve.engine.request import Req
 from radixserve.engine.sampling.params import FinishReason, InvalidRequestError, SamplingParams
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 class TokenLogprobs(NamedTuple):
@@ -98,13 +104,35 @@ class EngineCore:
         self._rng = random.Random(config.seed)
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
+        self._grammars: GrammarCompiler | None = None  # built on the first constraint
+        self._grammars_lock = threading.Lock()
+
+    # -- structured output ----------------------------------------------------------------------
+    def compile_grammar(self, params: SamplingParams) -> Grammar | None:
+        """The compiled constraint of `params` (None when it has none), for `add_request`.
+
+        Thread-safe, unlike the rest of the core: the scheduler service compiles on worker threads
+        while the engine thread steps. Cached by (kind, text). Raises InvalidRequestError with the
+        compiler's message when the grammar does not compile."""
+        constraint = params.constraint
+        if constraint is None:
+            return None
+        if self.config.tp_size > 1:  # followers sample on their own and have no matchers
+            raise InvalidRequestError("structured output (json_schema, regex, ebnf) is not "
+                                      "supported with tensor parallelism (tp_size > 1)")
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.config.model_path, self.args.vocab_size,
+                                                 self.model_info.eos_token_ids)
+        return self._grammars.compile(*constraint)
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, rid: str, prompt_ids: Sequence[int], params: SamplingParams,
-                    after: str | None = None) -> None:
+                    after: str | None = None, grammar: Grammar | None = None) -> None:
         """Queue a request. `after` names a running request with the same prompt (the first of n
         completions): this one is admitted once that one's prompt KV is in the prefix cache and
-        reuses it instead of computing it again."""
+        reuses it instead of computing it again. `grammar` is what `compile_grammar(params)`
+        returned; a constrained request without one is compiled here, on the caller's thread."""
         info = self.model_info
         if rid in self._reqs:
             raise InvalidRequestError(f"request id {rid!r} is already running")
@@ -128,8 +156,15 @@ class EngineCore:
             raise InvalidRequestError(
                 f"request needs {need} KV pages ({n} prompt + {max_new} new tokens) but the whole "
                 f"pool has {self.runner.num_pages}; lower max_new_tokens or the prompt length")
+        if grammar is None:
+            grammar = self.compile_grammar(params)
+        elif grammar.key != params.constraint:
+            raise InvalidRequestError("the compiled grammar is not the request's constraint")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         req = Req(rid, list(prompt_ids), params, max_new, seed)
+        if grammar is not None:  # each request (each of n completions too) has its own matcher
+            stop_ids = tuple(sorted(set(info.eos_token_ids) | set(params.stop_token_ids)))
+            req.grammar = GrammarMatcher(grammar, stop_ids)
         req.after = self._reqs.get(after) if after is not None else None
         self._reqs[rid] = req
         self.scheduler.add(req)
@@ -179,6 +214,8 @@ class EngineCore:
     def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
         # The sampler bans these ids until min_new_tokens are out, so no length check is needed.
         p = req.params
+        if req.grammar is not None:
+            return self._grammar_finish(req, token)
         if not p.ignore_eos and token in self.model_info.eos_token_ids:
             return "eos"
         if token in p.stop_token_ids:
@@ -187,6 +224,22 @@ class EngineCore:
         if len(req.output_ids) >= req.max_new_tokens:
             return "length"
         return None
+
+    def _grammar_finish(self, req: Req, token: int) -> FinishReason | None:
+        """A constrained request ends when its grammar accepts a stop token (EOS or one of
+        stop_token_ids; the mask allows them only where the grammar is complete) or on length."""
+        g = req.grammar
+        assert g is not None
+        if not g.accept(token):  # the mask allowed nothing (cannot happen with a sane grammar)
+            log.warning("request %s: sampled token %d is outside its grammar", req.rid, token)
+            return "aborted"
+        assert g.num_accepted == len(req.output_ids), "grammar and outputs out of step"
+        if g.terminated:
+            if token in req.params.stop_token_ids:
+                req.matched_stop_token = token
+                return "stop_token"
+            return "eos"
+        return "length" if len(req.output_ids) >= req.max_new_tokens else None
 
     @staticmethod
     def _logprobs(out: ForwardOutput, j: int, req: Req) -> list[TokenLogprobs] | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from radixserve.engine.attention import StepLayout, create_backend
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.constrained.bitmask import fill_grammar_mask
 from radixserve.engine.context import ForwardContext, forward_context
 from radixserve.engine.cuda_graph import CudaGraphRunner, graph_batch_sizes
 from radixserve.engine.distributed import get_comm
@@ -162,7 +163,10 @@ class ModelRunner:
                 return self._no_samples()
             last = (starts + ext - 1)[rows].to(dev, non_blocking=True)
             logits = self.model.compute_logits(hidden[last])
-        sb = build_sampling_batch(batch, rows, self.eos_ids, dev)
+        # The host fills constrained rows' masks while the device runs the forward just launched.
+        grammar = fill_grammar_mask([batch.reqs[i].grammar for i in rows], self.args.vocab_size,
+                                    dev)
+        sb = build_sampling_batch(batch, rows, self.eos_ids, dev, grammar)
         out = self.sampler(logits.float(), sb, table.token_pool)  # (S, V) float32 in
         sample_slots = slots[rows].to(dev, non_blocking=True)
         sample_pos = seq[rows].to(dev, non_blocking=True)

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from radixserve.engine.sampling.params import FinishReason, SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.engine.constrained.matcher import GrammarMatcher
 
 
 class ReqStatus(Enum):
@@ -52,6 +55,8 @@ class Req:
     # Admitted only once this request's full prompt pages are in the prefix cache (Scheduler.ready):
     # the n completions of one prompt then compute its KV once.
     after: Req | None = None
+    # Structured output: the request's place in its grammar, advanced by every token the host learns.
+    grammar: GrammarMatcher | None = None
     queued_at: float = 0.0  # time.monotonic() when it was queued (Scheduler.add)
     prompt_array: np.ndarray = field(init=False, repr=False)
 
@@ -79,8 +84,11 @@ class Req:
 
     @property
     def can_decode(self) -> bool:
+        # A constrained request's next mask needs its previous token: with overlap it sits out the
+        # step launched while that token is still in flight.
         return (self.status is ReqStatus.RUNNING and self.prefill_done
-                and self.num_scheduled_outputs < self.max_new_tokens)
+                and self.num_scheduled_outputs < self.max_new_tokens
+                and (self.grammar is None or self.num_scheduled_outputs == len(self.output_ids)))
 
     @property
     def finished(self) -> bool:

@@ -87,6 +87,7 @@ class SlotReq:
     seed: int
     params: SamplingParams
     device_len: int = 0
+    grammar: None = None  # constraints are refused under tensor parallelism (EngineCore)
 
     @property
     def prefill_done(self) -> bool:

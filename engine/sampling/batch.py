@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
+from radixserve.engine.constrained.bitmask import GrammarMask
 from radixserve.engine.sampling.race import M32
 from radixserve.engine.sampling.sampler import Penalties, SamplingBatch
 from radixserve.engine.scheduler.batch import Batch
 
 
 def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...],
-                         dev: torch.device) -> SamplingBatch:
+                         dev: torch.device, grammar: GrammarMask | None = None) -> SamplingBatch:
     reqs = [batch.reqs[i] for i in rows]
     params = [r.params for r in reqs]
     # output index sampled now
@@ -32,11 +33,12 @@ def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...]
             frequency=col([[params[j].frequency_penalty] for j in pen_rows], torch.float32),
             presence=col([[params[j].presence_penalty] for j in pen_rows], torch.float32),
         )
-    # Until min_new_tokens are out, the tokens that would end the request are banned.
+    # Until min_new_tokens are out, the tokens that would end the request are banned; a constrained
+    # row is left to its grammar, which may allow nothing but the end.
     ban_rows: list[int] = []
     ban_ids: list[int] = []
     for j, (p, step) in enumerate(zip(params, steps)):
-        if step < p.min_new_tokens:
+        if step < p.min_new_tokens and p.constraint is None:
             ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
             ban_rows += [j] * len(ids)
             ban_ids += sorted(ids)
@@ -55,6 +57,7 @@ def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...]
         step=col(steps, torch.int64),
         penalties=penalties,
         suppress=(col(ban_rows, torch.int64), col(ban_ids, torch.int64)) if ban_rows else None,
+        grammar=grammar,
         num_top_logprobs=max(p.top_logprobs for p in params),
         want_logprobs=any(p.wants_logprobs for p in params),
     )

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS = 20
+MAX_CONSTRAINT_CHARS = 65536  # longest JSON schema / regex / EBNF text a request may carry
+
+# The kinds of structured-output constraint; a request carries at most one (engine/constrained/).
+ConstraintKind = Literal["json_schema", "regex", "ebnf"]
+CONSTRAINT_KINDS: tuple[ConstraintKind, ...] = ("json_schema", "regex", "ebnf")
 
 # Why a request stopped; the engine, the detokenizer and the gateway all speak these names.
 FinishReason = Literal["eos", "stop_token", "stop_string", "length", "aborted"]
@@ -36,6 +42,9 @@ class SamplingParams:
     `max_new_tokens=None` means "whatever fits in the context after the prompt".
     `repetition_penalty` follows transformers (prompt and output tokens, divides positive logits);
     `frequency_penalty` / `presence_penalty` follow OpenAI (output tokens only, subtracted).
+    At most one of `json_schema` (a dict is stored as its JSON text), `regex` and `ebnf` constrains
+    the output to a language; the request then ends when the grammar accepts a stop token (EOS or
+    one of `stop_token_ids`, whatever `ignore_eos` says) or on `max_new_tokens`.
     """
 
     temperature: float = 1.0
@@ -54,8 +63,13 @@ class SamplingParams:
     presence_penalty: float = 0.0
     top_logprobs: int = 0
     logprobs: bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.json_schema, dict):
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
         # Accept lists from callers but store tuples so the object stays hashable and immutable.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -98,6 +112,27 @@ class SamplingParams:
             _check(-2 <= value <= 2, f"{name} must be in [-2, 2], got {value}")
         _check(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        self._validate_constraint()
+
+    def _validate_constraint(self) -> None:
+        given = [k for k in CONSTRAINT_KINDS if getattr(self, k) is not None]
+        _check(len(given) <= 1, f"at most one of json_schema, regex and ebnf may be set, got "
+               f"{' and '.join(given)}")
+        for kind in given:
+            text: Any = getattr(self, kind)
+            _check(isinstance(text, str), f"{kind} must be a string, got {type(text).__name__}")
+            _check(len(text.strip()) > 0, f"{kind} must not be empty")
+            _check(len(text) <= MAX_CONSTRAINT_CHARS,
+                   f"{kind} is {len(text)} characters long; the limit is {MAX_CONSTRAINT_CHARS}")
+
+    @property
+    def constraint(self) -> tuple[ConstraintKind, str] | None:
+        """(kind, text) of the structured-output constraint, or None when the output is free."""
+        for kind in CONSTRAINT_KINDS:
+            text = getattr(self, kind)
+            if text is not None:
+                return kind, text
+        return None
 
     @property
     def greedy(self) -> bool:

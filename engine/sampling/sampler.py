@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from radixserve.engine.constrained.bitmask import GrammarMask, apply_grammar_mask
 from radixserve.engine.sampling.race import M32, mix32, race
 
 
@@ -41,6 +42,7 @@ class SamplingBatch:
     step: torch.Tensor  # (S,) int64 output index being sampled
     penalties: Penalties | None
     suppress: tuple[torch.Tensor, torch.Tensor] | None  # (rows, token ids) banned this step
+    grammar: GrammarMask | None  # what constrained rows' grammars allow; None: no such row
     num_top_logprobs: int  # host; 0 = none
     want_logprobs: bool  # host
 
@@ -57,7 +59,9 @@ class Sampler:
                  token_pool: torch.Tensor) -> SampleOutput:
         """logits: (S, V) float32 (not modified in place when logprobs are wanted)."""
         raw = logits
-        if sb.penalties is not None or sb.suppress is not None:
+        if sb.grammar is not None:  # first, so that no later step can make a banned token win
+            logits = apply_grammar_mask(logits, sb.grammar)  # a copy
+        elif sb.penalties is not None or sb.suppress is not None:
             logits = logits.clone()
         if sb.penalties is not None:
             self._apply_penalties(logits, sb.penalties, token_pool)

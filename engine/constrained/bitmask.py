@@ -1,0 +1,46 @@
+"""The per-step token bitmask of constrained rows: filled on the host, applied on the device.
+
+Bit t of row r (word t // 32, bit t % 32) is 1 when token t is allowed. Only constrained rows get a
+row of the mask; a batch without one builds nothing, and the sampler skips the step entirely.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.engine.constrained.matcher import GrammarMatcher
+
+
+class GrammarMask(NamedTuple):
+    rows: torch.Tensor  # (G,) int64, the sampled rows (of the step's logits) that are constrained
+    bits: torch.Tensor  # (G, ceil(V / 32)) int32
+
+
+def fill_grammar_mask(matchers: Sequence[GrammarMatcher | None], vocab_size: int,
+                      device: torch.device) -> GrammarMask | None:
+    """One mask row per matcher that is not None; None when there is none. The fill runs on the
+    host (into pinned memory on CUDA) and the copy to the device does not wait."""
+    rows = [j for j, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return None
+    words = -(-vocab_size // 32)
+    bits = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=device.type == "cuda")
+    for i, j in enumerate(rows):
+        matcher = matchers[j]
+        assert matcher is not None
+        matcher.fill(bits, i)
+    return GrammarMask(torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
+                       bits.to(device, non_blocking=True))
+
+
+def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor:
+    """logits (S, V) -> a copy where the tokens each constrained row may not take are -inf."""
+    V = logits.size(1)
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((mask.bits[:, :, None] >> shifts) & 1).bool().flatten(1)[:, :V]  # (G, V)
+    out = logits.clone()
+    out[mask.rows] = logits[mask.rows].masked_fill(~allowed, float("-inf"))
+    return out

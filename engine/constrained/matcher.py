@@ -1,0 +1,39 @@
+"""GrammarMatcher: one request's position in its grammar (host state, owned by the `Req`).
+
+Every sampled token the host learns is accepted here, in order; the next step's bitmask is filled
+from this state. A token is accepted only once the host knows it, so nothing accepted is ever
+speculative: retraction keeps the outputs and therefore the state, and a dropped in-flight token
+belongs to a finished request, whose matcher is dropped with it (docs/architecture.md,
+"Structured output").
+"""
+
+from __future__ import annotations
+
+import torch
+from radixserve.engine.constrained.compiler import Grammar
+
+
+class GrammarMatcher:
+    def __init__(self, grammar: Grammar, stop_ids: tuple[int, ...]) -> None:
+        """`stop_ids`: the tokens that end the output once the grammar is complete (the model's
+        EOS and the request's stop_token_ids); anywhere else they are banned."""
+        import xgrammar as xgr
+
+        self.grammar = grammar
+        self._matcher = xgr.GrammarMatcher(grammar.compiled, override_stop_tokens=list(stop_ids))
+        self.num_accepted = 0  # == len(req.output_ids) after every processed step
+
+    def accept(self, token: int) -> bool:
+        """Advance by one sampled token; False (state unchanged) if the grammar forbids it."""
+        ok = bool(self._matcher.accept_token(token))
+        self.num_accepted += ok
+        return ok
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar is complete and a stop token was accepted: the output is finished."""
+        return bool(self._matcher.is_terminated())
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into `bitmask[row]` ((rows, ceil(V / 32)) int32, cpu)."""
+        self._matcher.fill_next_token_bitmask(bitmask, row)
