@@ -7,7 +7,8 @@ const { parseArgs } = require('util');
 const { GenerateClient, DEFAULT_TARGET } = require('./index');
 
 const USAGE = `usage: generate.js [--target H:P] [--api-key K] [--tls] [--max-tokens N]
-                   [--temperature T] [--seed S] [--chat] "prompt"`;
+                   [--temperature T] [--seed S] [--chat]
+                   [--json-schema SCHEMA | --regex RE | --ebnf GRAMMAR] "prompt"`;
 
 function parse(argv) {
   const { values, positionals } = parseArgs({
@@ -21,6 +22,9 @@ function parse(argv) {
       temperature: { type: 'string' },
       seed: { type: 'string' },
       chat: { type: 'boolean', default: false }, // send the prompt as one user chat message
+      'json-schema': { type: 'string' }, // structured output: at most one of these three
+      regex: { type: 'string' },
+      ebnf: { type: 'string' },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -35,6 +39,9 @@ function parse(argv) {
       maxNewTokens: num(values['max-tokens']),
       temperature: num(values.temperature),
       seed: num(values.seed),
+      jsonSchema: values['json-schema'],
+      regex: values.regex,
+      ebnf: values.ebnf,
     },
   };
 }

@@ -60,6 +60,10 @@ const STOPPING = [
   ['stopTokenIds', 'stop_token_ids'], ['ignoreEos', 'ignore_eos'],
   ['includeStopStr', 'include_stop_str'],
 ];
+// Structured output, at most one (the oneof `sampling.constraint`): jsonSchema is a JSON Schema
+// (a string, or an object sent as JSON), regex a regular expression the whole output matches,
+// ebnf a grammar (start rule `root`). One that does not compile fails with INVALID_ARGUMENT.
+const CONSTRAINTS = [['jsonSchema', 'json_schema'], ['regex', 'regex'], ['ebnf', 'ebnf']];
 const OPTIONS = [
   ['topLogprobs', 'top_logprobs'], ['logprobs', 'logprobs'], ['returnPromptInfo', 'return_prompt_info'],
 ];
@@ -72,7 +76,16 @@ function buildRequest(prompt, opts = {}) {
   else if (prompt && Array.isArray(prompt.messages)) req.chat = { messages: prompt.messages };
   else throw new TypeError('prompt must be a string, { tokenIds } or { messages }');
   const stop = typeof opts.stop === 'string' ? [opts.stop] : opts.stop;
-  const sampling = pick(opts, SAMPLING);
+  const constraint = pick(opts, CONSTRAINTS) || {};
+  const given = Object.keys(constraint);
+  if (given.length > 1) {
+    throw new TypeError(`give at most one of jsonSchema, regex, ebnf (got ${given.join(', ')})`);
+  }
+  if (typeof constraint.json_schema === 'object') {
+    constraint.json_schema = JSON.stringify(constraint.json_schema);
+  }
+  const sampling = pick(opts, SAMPLING) || (given.length ? {} : undefined);
+  if (given.length) Object.assign(sampling, constraint);
   const stopping = pick({ ...opts, stop }, STOPPING);
   const options = pick(opts, OPTIONS);
   if (sampling) req.sampling = sampling;

@@ -102,6 +102,9 @@ def params_from_pb(request: pb.GenerateRequest) -> SamplingParams:
         top_logprobs=options.top_logprobs,
         logprobs=options.logprobs,
     )
+    constraint = sampling.WhichOneof("constraint")
+    if constraint is not None:  # checked (size, emptiness) by SamplingParams, compiled later
+        kwargs[constraint] = getattr(sampling, constraint)
     try:
         return SamplingParams(**kwargs)
     except InvalidRequestError as exc:
@@ -188,6 +191,9 @@ def new_request_to_pb(
     )
     if params.seed is not None:
         sampling.seed = params.seed
+    if params.constraint is not None:  # the oneof's field names are SamplingParams' kinds
+        kind, text = params.constraint
+        setattr(sampling, kind, text)
     options = detok_pb.RequestOptions(
         stop=params.stop,
         include_stop_str=params.include_stop_str,

@@ -23,6 +23,8 @@ _REASONS = {
 
 def params_from_pb(p: pb.SamplingParams) -> SamplingParams:
     """Raises InvalidRequestError (the gateway validated already; this is the second line)."""
+    constraint = p.WhichOneof("constraint")  # json_schema, regex or ebnf: SamplingParams' names
+    extra = {constraint: getattr(p, constraint)} if constraint is not None else {}
     return SamplingParams(
         temperature=p.temperature,
         top_k=p.top_k,
@@ -38,6 +40,7 @@ def params_from_pb(p: pb.SamplingParams) -> SamplingParams:
         presence_penalty=p.presence_penalty,
         top_logprobs=p.top_logprobs,
         logprobs=p.logprobs,
+        **extra,
     )
 
 

@@ -33,7 +33,10 @@ class EngineLike(Protocol):
     model_info: Any
 
     def add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams,
-                    after: str | None = None) -> None: ...
+                    after: str | None = None, grammar: Any = None) -> None: ...
+    def compile_grammar(self, params: SamplingParams) -> Any:
+        """Thread-safe and cached; None when unconstrained; InvalidRequestError when it does not
+        compile. Called on the scheduler's compile workers, never on the loop thread."""
     def abort(self, rid: str) -> bool: ...
     def step(self) -> list[Any]: ...
     def has_work(self) -> bool: ...
@@ -48,6 +51,7 @@ class NewRequest:
     params: SamplingParams
     passthrough: Any = None  # detokenizer options, handed back untouched with the setup
     group: str = ""  # the n completions of one public request share it: added all or none
+    grammar: Any = None  # compiled from params.constraint before submission (compile.py)
 
 
 @dataclass(frozen=True)
@@ -155,12 +159,13 @@ class EngineLoop:
     def live_requests(self) -> int:
         return len(self._owner)
 
-    def queue_full(self) -> bool:
+    def queue_full(self, held: int = 0) -> bool:
         """Whether the last iteration's stats (at most one step old) show a full queue. Callers on
         other threads refuse with it at once instead of waiting for the next step; only an abort
-        still in the inbox could have made room since."""
+        still in the inbox could have made room since. `held`: requests the caller holds back
+        for the engine (grammars compiling), counted as waiting."""
         limit = self._config.max_waiting_requests
-        return limit is not None and self._queued(self.stats) >= limit
+        return limit is not None and self._queued(self.stats, held) >= limit
 
     def _run(self) -> None:
         try:
@@ -277,7 +282,8 @@ class EngineLoop:
                     raise _QueueFull(f"queue full ({limit} waiting requests)")
                 # Later members share the first one's prompt KV instead of computing it again.
                 after = group[0].rid if added else None
-                engine.add_request(req.rid, list(req.prompt_ids), req.params, after)
+                engine.add_request(req.rid, list(req.prompt_ids), req.params, after,
+                                   grammar=req.grammar)
             except (_QueueFull, InvalidRequestError) as exc:
                 for taken in added:  # never announced: nothing but the engine holds them
                     engine.abort(taken.rid)
@@ -292,9 +298,9 @@ class EngineLoop:
             it.accepted.setdefault(owner, []).append(req.rid)
             it.setups[req.rid] = req
 
-    def _queued(self, stats: dict[str, Any]) -> int:
+    def _queued(self, stats: dict[str, Any], held: int = 0) -> int:
         """Waiting requests beyond those that free request slots take at the next step."""
-        waiting = int(stats.get("waiting_requests", 0))
+        waiting = int(stats.get("waiting_requests", 0)) + held
         slots = self._config.max_running_requests
         if slots is None:
             return waiting

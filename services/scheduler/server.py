@@ -18,6 +18,7 @@ from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from radixserve.services.common import auth, rpc
 from radixserve.services.common.errors import ErrorInterceptor, code_number, unavailable
 from radixserve.services.scheduler import convert
+from radixserve.services.scheduler.compile import GrammarCompiler, split
 from radixserve.services.scheduler.link import DetokenizerLink
 from radixserve.services.scheduler.loop import (
     AbortOwned,
@@ -59,6 +60,13 @@ class SchedulerApp:
         self.stalled = False  # the engine loop has not moved for half the watchdog time
         self._gateways: dict[int, asyncio.Queue[pb.SubmitResponse | None]] = {}
         self._link_task: asyncio.Task[None] | None = None
+        # Constrained requests wait here for their grammar (compile.py); the engine exists by the
+        # time one is accepted, since nothing is accepted before the model is ready.
+        self.compiler = GrammarCompiler(
+            lambda params: self.loop.engine.compile_grammar(params),  # type: ignore[union-attr]
+            lambda owner, reqs: self.loop.submit(Submission(owner, reqs)),
+            lambda owner, rejected: self.on_acks(Acks(owner, [], rejected)),
+        )
 
     @property
     def accepting(self) -> bool:
@@ -74,8 +82,10 @@ class SchedulerApp:
         if self.health is not None:
             await self.health.shutdown()
         deadline = time.monotonic() + timeout_s
-        while self.loop.live_requests and not self.fatal.is_set() and time.monotonic() < deadline:
+        while ((self.loop.live_requests or len(self.compiler)) and not self.fatal.is_set()
+               and time.monotonic() < deadline):
             await asyncio.sleep(0.05)
+        self.compiler.close()
         # After a fatal error the loop thread is dead or hung: do not wait for it.
         await asyncio.to_thread(self.loop.stop, 0.5 if self.fatal.is_set() else 10.0)
         if self._link_task is not None:
@@ -113,6 +123,7 @@ class SchedulerApp:
     def _on_link(self, connected: bool) -> None:
         log.info("detokenizer link %s", "up" if connected else "down")
         if not connected:
+            self.compiler.abort_owned(None)
             self.loop.submit(AbortOwned(None))  # their outputs have nowhere to go
         self._aio.create_task(self._update_health())
 
@@ -140,6 +151,7 @@ class SchedulerApp:
 
     def close_gateway(self, owner: int) -> None:
         self._gateways.pop(owner, None)
+        self.compiler.abort_owned(owner)
         self.loop.submit(AbortOwned(owner))  # nobody is left to read their outputs
 
     def accept(self, owner: int, msg: pb.SubmitRequest) -> pb.SubmitResponse | None:
@@ -150,7 +162,8 @@ class SchedulerApp:
             try:
                 if not self.accepting:
                     raise _Refused(grpc.StatusCode.UNAVAILABLE, "scheduler is not serving")
-                if self.loop.queue_full():  # no step's wait: docs/reliability.md #15
+                # no step's wait: docs/reliability.md #15
+                if self.loop.queue_full(held=len(self.compiler)):
                     raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
                 requests.append(convert.new_request_from_pb(new))
             except InvalidRequestError as exc:
@@ -160,6 +173,10 @@ class SchedulerApp:
                 rejected.append(_rejection(new.request_id, exc.code, str(exc)))
         if rejected and requests:
             requests = _without_refused_groups(msg, requests, rejected)
+        requests, constrained = split(requests)
+        for group in constrained:  # they reach the loop once their grammar is compiled
+            self.compiler.start(owner, group)
+        self.compiler.abort(msg.abort_ids)
         self.loop.submit(Submission(owner, requests, list(msg.abort_ids)))
         return pb.SubmitResponse(rejected=rejected) if rejected else None
 

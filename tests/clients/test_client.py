@@ -306,3 +306,45 @@ def test_async_unary_calls(target: str) -> None:
             assert (await c.server_info()).kv_pages_total == 100
 
     asyncio.run(main())
+
+
+# --- structured output --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw,field,text", [
+    ({"json_schema": '{"type": "string"}'}, "json_schema", '{"type": "string"}'),
+    ({"json_schema": {"enum": ["a", "b"]}}, "json_schema", '{"enum": ["a", "b"]}'),
+    ({"regex": "[ab]{1,3}"}, "regex", "[ab]{1,3}"),
+    ({"ebnf": 'root ::= "x"'}, "ebnf", 'root ::= "x"'),
+])  # fmt: skip
+def test_constraint_reaches_the_wire(fake: FakeGenerateService, target: str, kw: dict,
+                                     field: str, text: str) -> None:
+    with Client(target) as c:
+        c.generate_text("hi", **kw)
+        unset = {k: None for k in ("json_schema", "regex", "ebnf") if k not in kw}
+        list(c.generate("hi", **kw, **unset))  # None stays unset, as for every option
+    for seen in fake.seen:
+        assert seen.request.sampling.WhichOneof("constraint") == field
+        assert getattr(seen.request.sampling, field) == text
+
+
+def test_no_constraint_by_default_and_at_most_one(fake: FakeGenerateService, target: str) -> None:
+    with Client(target) as c:
+        c.generate_text("hi")
+        with pytest.raises(ValueError, match="at most one of json_schema, regex, ebnf"):
+            c.generate_text("hi", regex="a", ebnf='root ::= "a"')
+    assert fake.seen[0].request.sampling.WhichOneof("constraint") is None
+    assert len(fake.seen) == 1  # the bad call never left the client
+
+
+def test_async_constraint_reaches_the_wire(fake: FakeGenerateService, target: str) -> None:
+    async def main() -> None:
+        async with AsyncClient(target) as c:
+            await c.generate_text("hi", json_schema={"type": "integer"})
+            async with aclosing(c.generate("hi", ebnf='root ::= "a"')) as stream:
+                assert [ev async for ev in stream]
+
+    asyncio.run(main())
+    first, second = (s.request.sampling for s in fake.seen)
+    assert first.json_schema == '{"type": "integer"}'
+    assert second.WhichOneof("constraint") == "ebnf" and second.ebnf == 'root ::= "a"'

@@ -160,3 +160,40 @@ def test_library(fake: FakeGenerateService, target: str) -> None:
     assert all(s.HasField(f) for f in ("temperature", "top_k", "seed"))
     assert (s.temperature, s.top_k, s.seed) == (0, 0, 0) and not s.HasField("top_p")
     assert list(fake.seen[1].request.token_ids.ids) == [104, 105]
+
+
+CONSTRAINT_SCRIPT = """
+const { GenerateClient } = require(process.argv[1]);
+(async () => {
+  const c = new GenerateClient(process.argv[2]);
+  await c.generateText('a', { jsonSchema: { type: 'integer' } });
+  await c.generateText('b', { regex: '[ab]{1,3}', temperature: 0 });
+  await c.generateText('c', { ebnf: 'root ::= "x"' });
+  await c.generateText('d', { jsonSchema: '{"type": "string"}' });
+  let refused = null;
+  try { await c.generateText('e', { regex: 'a', ebnf: 'root ::= "a"' }); }
+  catch (err) { refused = err.name; }
+  console.log(JSON.stringify({ refused }));
+  c.close();
+})().catch((err) => { console.error(err); process.exit(1); });
+"""
+
+
+def test_library_constraints(fake: FakeGenerateService, target: str) -> None:
+    res = subprocess.run(
+        [str(NODE), "-e", CONSTRAINT_SCRIPT, str(NODE_DIR / "index.js"), target],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"refused": "TypeError"}
+    got = [(s.request.sampling.WhichOneof("constraint"), s.request.sampling) for s in fake.seen]
+    assert [(k, getattr(s, k)) for k, s in got] == [
+        ("json_schema", '{"type":"integer"}'), ("regex", "[ab]{1,3}"),
+        ("ebnf", 'root ::= "x"'), ("json_schema", '{"type": "string"}')]
+    assert got[1][1].HasField("temperature") and not got[0][1].HasField("temperature")
+
+
+def test_cli_constraint_reaches_the_wire(fake: FakeGenerateService, target: str) -> None:
+    res = cli("--target", target, "--regex", "[0-9]{2}", "hello")
+    assert res.returncode == 0, res.stderr
+    assert fake.seen[0].request.sampling.regex == "[0-9]{2}"

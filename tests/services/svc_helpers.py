@@ -48,6 +48,9 @@ class FakeEngine:
     steps: int = 0
     abort_steps: dict[str, int] = field(default_factory=dict)  # rid -> steps run when aborted
     params_seen: dict[str, SamplingParams] = field(default_factory=dict)  # rid -> as added
+    grammars: dict[str, Any] = field(default_factory=dict)  # rid -> grammar, constrained ones
+    compile_delay_s: float = 0.0  # compile_grammar sleeps this long (on a compile worker)
+    compiled: list[tuple[str, str]] = field(default_factory=list)  # constraints compiled
 
     def __post_init__(self) -> None:
         self.model_info = SimpleNamespace(
@@ -55,8 +58,20 @@ class FakeEngine:
             max_context=self.max_context, eos_token_ids=(0,), dtype="float32",
         )
 
+    def compile_grammar(self, params: SamplingParams) -> Any:
+        """A constraint containing "bad" does not compile; others give ("grammar", text)."""
+        if params.constraint is None:
+            return None
+        time.sleep(self.compile_delay_s)
+        self.compiled.append(params.constraint)
+        kind, text = params.constraint
+        if "bad" in text:
+            raise InvalidRequestError(f"{kind} does not compile: bad at offset {text.index('bad')}")
+        return ("grammar", text)
+
     def add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams,
-                    after: str | None = None) -> None:
+                    after: str | None = None, grammar: Any = None) -> None:
+        assert (grammar is None) == (params.constraint is None), "grammar compiled before add"
         if rid in self.reqs:
             raise InvalidRequestError(f"duplicate {rid}")
         if self.reject_token is not None and self.reject_token in prompt_ids:
@@ -64,6 +79,8 @@ class FakeEngine:
         self.reqs[rid] = _FakeReq(list(prompt_ids), params)
         self.added.append(rid)
         self.params_seen[rid] = params
+        if grammar is not None:
+            self.grammars[rid] = grammar
 
     def abort(self, rid: str) -> bool:
         self.aborted.append(rid)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict
 
 import grpc
 
@@ -150,6 +150,12 @@ class GenerateOptions(TypedDict, total=False):
     logprobs: bool
     return_prompt_info: bool
     add_generation_prompt: bool | None  # chat prompts only
+    # Structured output, at most one: a JSON Schema (text, or a dict sent as JSON), a regular
+    # expression the whole output matches, or an EBNF grammar (start rule `root`). One that does
+    # not compile fails the call with INVALID_ARGUMENT and the compiler's message.
+    json_schema: str | Mapping[str, Any] | None
+    regex: str | None
+    ebnf: str | None
     request_id: str | None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import grpc
@@ -37,6 +38,7 @@ _SAMPLING_FIELDS = (
     "presence_penalty",
     "n",
 )
+_CONSTRAINTS = ("json_schema", "regex", "ebnf")  # the oneof `sampling.constraint`
 _OPTION_NAMES = frozenset(GenerateOptions.__annotations__)
 _FINISH_PREFIX = "FINISH_REASON_"
 
@@ -92,6 +94,13 @@ def generate_request(
     stopping.stop_token_ids.extend(o.get("stop_token_ids") or [])
     stopping.ignore_eos = bool(o.get("ignore_eos", False))
     stopping.include_stop_str = bool(o.get("include_stop_str", False))
+
+    given = [name for name in _CONSTRAINTS if o.get(name) is not None]
+    if len(given) > 1:
+        raise ValueError(f"give at most one of json_schema, regex, ebnf (got {', '.join(given)})")
+    for name in given:  # a oneof on the wire
+        value = o[name]  # type: ignore[literal-required]
+        setattr(req.sampling, name, value if isinstance(value, str) else json.dumps(value))
 
     req.options.top_logprobs = o.get("top_logprobs", 0)
     req.options.logprobs = bool(o.get("logprobs", False))

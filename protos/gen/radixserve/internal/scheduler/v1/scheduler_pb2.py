@@ -26,7 +26,7 @@ from radixserve.internal.common.v1 import common_pb2 as radixserve_dot_internal_
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as radixserve_dot_internal_dot_detokenizer_dot_v1_dot_detokenizer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0radixserve/internal/scheduler/v1/scheduler.proto\x12 radixserve.internal.scheduler.v1\x1a*radixserve/internal/common/v1/common.proto\x1a\x34radixserve/internal/detokenizer/v1/detokenizer.proto\"\xc3\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0emax_new_tokens\x18\x06 \x01(\r\x12\x16\n\x0emin_new_tokens\x18\x07 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x1a\n\x12repetition_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x18\n\x10presence_penalty\x18\x0c \x01(\x02\x12\x14\n\x0ctop_logprobs\x18\r \x01(\r\x12\x10\n\x08logprobs\x18\x0e \x01(\x08\x42\x07\n\x05_seed\"\xd2\x01\n\nNewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x42\n\x08sampling\x18\x03 \x01(\x0b\x32\x30.radixserve.internal.scheduler.v1.SamplingParams\x12\x46\n\ndetokenize\x18\x04 \x01(\x0b\x32\x32.radixserve.internal.detokenizer.v1.RequestOptions\x12\x10\n\x08group_id\x18\x05 \x01(\t\"b\n\rSubmitRequest\x12>\n\x08requests\x18\x01 \x03(\x0b\x32,.radixserve.internal.scheduler.v1.NewRequest\x12\x11\n\tabort_ids\x18\x02 \x03(\t\"V\n\tRejection\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x35\n\x06status\x18\x02 \x01(\x0b\x32%.radixserve.internal.common.v1.Status\"e\n\x0eSubmitResponse\x12\x14\n\x0c\x61\x63\x63\x65pted_ids\x18\x01 \x03(\t\x12=\n\x08rejected\x18\x02 \x03(\x0b\x32+.radixserve.internal.scheduler.v1.Rejection\"\x15\n\x13GetModelInfoRequest\"\x8f\x01\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x13\n\x0bmax_context\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\"\x11\n\x0fGetStatsRequest\"\xfa\x01\n\x10GetStatsResponse\x12\x18\n\x10running_requests\x18\x01 \x01(\r\x12\x18\n\x10waiting_requests\x18\x02 \x01(\r\x12\x16\n\x0ekv_pages_total\x18\x03 \x01(\r\x12\x15\n\rkv_pages_free\x18\x04 \x01(\r\x12\x1a\n\x12kv_pages_evictable\x18\x05 \x01(\r\x12\x1a\n\x12kv_pages_protected\x18\x06 \x01(\r\x12\x11\n\tpage_size\x18\x07 \x01(\r\x12\x1b\n\x13\x63\x61\x63hed_tokens_total\x18\x08 \x01(\x04\x12\x1b\n\x13prompt_tokens_total\x18\t \x01(\x04\x32\xf5\x02\n\x10SchedulerService\x12o\n\x06Submit\x12/.radixserve.internal.scheduler.v1.SubmitRequest\x1a\x30.radixserve.internal.scheduler.v1.SubmitResponse(\x01\x30\x01\x12}\n\x0cGetModelInfo\x12\x35.radixserve.internal.scheduler.v1.GetModelInfoRequest\x1a\x36.radixserve.internal.scheduler.v1.GetModelInfoResponse\x12q\n\x08GetStats\x12\x31.radixserve.internal.scheduler.v1.GetStatsRequest\x1a\x32.radixserve.internal.scheduler.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0radixserve/internal/scheduler/v1/scheduler.proto\x12 radixserve.internal.scheduler.v1\x1a*radixserve/internal/common/v1/common.proto\x1a\x34radixserve/internal/detokenizer/v1/detokenizer.proto\"\x89\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x16\n\x0emax_new_tokens\x18\x06 \x01(\r\x12\x16\n\x0emin_new_tokens\x18\x07 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x1a\n\x12repetition_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x18\n\x10presence_penalty\x18\x0c \x01(\x02\x12\x14\n\x0ctop_logprobs\x18\r \x01(\r\x12\x10\n\x08logprobs\x18\x0e \x01(\x08\x12\x15\n\x0bjson_schema\x18\x0f \x01(\tH\x00\x12\x0f\n\x05regex\x18\x10 \x01(\tH\x00\x12\x0e\n\x04\x65\x62nf\x18\x11 \x01(\tH\x00\x42\x0c\n\nconstraintB\x07\n\x05_seed\"\xd2\x01\n\nNewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x42\n\x08sampling\x18\x03 \x01(\x0b\x32\x30.radixserve.internal.scheduler.v1.SamplingParams\x12\x46\n\ndetokenize\x18\x04 \x01(\x0b\x32\x32.radixserve.internal.detokenizer.v1.RequestOptions\x12\x10\n\x08group_id\x18\x05 \x01(\t\"b\n\rSubmitRequest\x12>\n\x08requests\x18\x01 \x03(\x0b\x32,.radixserve.internal.scheduler.v1.NewRequest\x12\x11\n\tabort_ids\x18\x02 \x03(\t\"V\n\tRejection\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x35\n\x06status\x18\x02 \x01(\x0b\x32%.radixserve.internal.common.v1.Status\"e\n\x0eSubmitResponse\x12\x14\n\x0c\x61\x63\x63\x65pted_ids\x18\x01 \x03(\t\x12=\n\x08rejected\x18\x02 \x03(\x0b\x32+.radixserve.internal.scheduler.v1.Rejection\"\x15\n\x13GetModelInfoRequest\"\x8f\x01\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x13\n\x0bmax_context\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\r\n\x05\x64type\x18\x06 \x01(\t\"\x11\n\x0fGetStatsRequest\"\xfa\x01\n\x10GetStatsResponse\x12\x18\n\x10running_requests\x18\x01 \x01(\r\x12\x18\n\x10waiting_requests\x18\x02 \x01(\r\x12\x16\n\x0ekv_pages_total\x18\x03 \x01(\r\x12\x15\n\rkv_pages_free\x18\x04 \x01(\r\x12\x1a\n\x12kv_pages_evictable\x18\x05 \x01(\r\x12\x1a\n\x12kv_pages_protected\x18\x06 \x01(\r\x12\x11\n\tpage_size\x18\x07 \x01(\r\x12\x1b\n\x13\x63\x61\x63hed_tokens_total\x18\x08 \x01(\x04\x12\x1b\n\x13prompt_tokens_total\x18\t \x01(\x04\x32\xf5\x02\n\x10SchedulerService\x12o\n\x06Submit\x12/.radixserve.internal.scheduler.v1.SubmitRequest\x1a\x30.radixserve.internal.scheduler.v1.SubmitResponse(\x01\x30\x01\x12}\n\x0cGetModelInfo\x12\x35.radixserve.internal.scheduler.v1.GetModelInfoRequest\x1a\x36.radixserve.internal.scheduler.v1.GetModelInfoResponse\x12q\n\x08GetStats\x12\x31.radixserve.internal.scheduler.v1.GetStatsRequest\x1a\x32.radixserve.internal.scheduler.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,23 +34,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixserve.internal.schedul
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS']._serialized_start=185
-  _globals['_SAMPLINGPARAMS']._serialized_end=508
-  _globals['_NEWREQUEST']._serialized_start=511
-  _globals['_NEWREQUEST']._serialized_end=721
-  _globals['_SUBMITREQUEST']._serialized_start=723
-  _globals['_SUBMITREQUEST']._serialized_end=821
-  _globals['_REJECTION']._serialized_start=823
-  _globals['_REJECTION']._serialized_end=909
-  _globals['_SUBMITRESPONSE']._serialized_start=911
-  _globals['_SUBMITRESPONSE']._serialized_end=1012
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1014
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1035
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1038
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1181
-  _globals['_GETSTATSREQUEST']._serialized_start=1183
-  _globals['_GETSTATSREQUEST']._serialized_end=1200
-  _globals['_GETSTATSRESPONSE']._serialized_start=1203
-  _globals['_GETSTATSRESPONSE']._serialized_end=1453
-  _globals['_SCHEDULERSERVICE']._serialized_start=1456
-  _globals['_SCHEDULERSERVICE']._serialized_end=1829
+  _globals['_SAMPLINGPARAMS']._serialized_end=578
+  _globals['_NEWREQUEST']._serialized_start=581
+  _globals['_NEWREQUEST']._serialized_end=791
+  _globals['_SUBMITREQUEST']._serialized_start=793
+  _globals['_SUBMITREQUEST']._serialized_end=891
+  _globals['_REJECTION']._serialized_start=893
+  _globals['_REJECTION']._serialized_end=979
+  _globals['_SUBMITRESPONSE']._serialized_start=981
+  _globals['_SUBMITRESPONSE']._serialized_end=1082
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1084
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1105
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1108
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1251
+  _globals['_GETSTATSREQUEST']._serialized_start=1253
+  _globals['_GETSTATSREQUEST']._serialized_end=1270
+  _globals['_GETSTATSRESPONSE']._serialized_start=1273
+  _globals['_GETSTATSRESPONSE']._serialized_end=1523
+  _globals['_SCHEDULERSERVICE']._serialized_start=1526
+  _globals['_SCHEDULERSERVICE']._serialized_end=1899
 # @@protoc_insertion_point(module_scope)
