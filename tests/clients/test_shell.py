@@ -159,6 +159,42 @@ def test_one_shot_mode(fake: FakeGenerateService, target: str, tmp_path: Path) -
     assert "RESOURCE_EXHAUSTED: queue full" in res.stderr
 
 
+def test_one_shot_constraint_flags(
+    fake: FakeGenerateService, target: str, tmp_path: Path
+) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object"}')
+    res = run_c(tmp_path, "--target", target, "--json-schema", f"@{schema}", "-c", "yo")
+    assert res.returncode == 0, res.stderr
+    sampling = fake.seen[0].request.sampling
+    assert sampling.WhichOneof("constraint") == "json_schema"
+    assert sampling.json_schema == '{"type": "object"}'
+    res = run_c(tmp_path, "--target", target, "--regex", "[a-z]+", "-c", "yo")
+    assert fake.wait_for(2).request.sampling.regex == "[a-z]+"
+    res = run_c(tmp_path, "--target", target, "--ebnf", f"@{tmp_path / 'missing'}", "-c", "yo")
+    assert res.returncode == 2 and "cannot read" in res.stderr
+    res = run_c(tmp_path, "--target", target, "--regex", "a", "--ebnf", "b", "-c", "yo")
+    assert res.returncode == 2 and "not allowed with" in res.stderr
+
+
+def test_constraint_commands_change_the_next_request(
+    shell: PtyProcess, fake: FakeGenerateService
+) -> None:
+    shell.sendline("/regex (yes|no)")
+    shell.expect(r"replies follow regex: \(yes\|no\)")
+    shell.sendline("one")
+    shell.expect("echo: one")
+    shell.sendline("/free")
+    shell.expect("replies: free text")
+    shell.sendline("two")
+    shell.expect("echo: two")
+    first, second = fake.seen[0].request, fake.wait_for(2).request
+    assert first.sampling.regex == "(yes|no)"
+    assert second.sampling.WhichOneof("constraint") is None
+    shell.sendline("/exit")
+    assert shell.wait() == 0
+
+
 def test_one_shot_unreachable_server(tmp_path: Path) -> None:
     from .test_client import free_port
 

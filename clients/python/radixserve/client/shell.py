@@ -26,6 +26,10 @@ commands:
   /system <text>      set the system prompt (no text: clear it)
   /temperature <x>    sampling temperature for the next replies (0 = greedy; no value: show it)
   /max_tokens <n>     cap on new tokens per reply (no value: show it)
+  /json <schema>      replies follow this JSON Schema (text, or @file)
+  /regex <pattern>    replies match this regular expression in full (text, or @file)
+  /ebnf <grammar>     replies follow this EBNF grammar, start rule `root` (text, or @file)
+  /free               drop the reply constraint (no value on the three above: show it)
   /reset              forget the conversation (the system prompt and settings stay)
   /stats              server load, KV cache pages and prefix-cache hit rate
   /help               this text
@@ -42,6 +46,9 @@ class Conversation:
     system: str | None = None
     temperature: float | None = None  # None: the server's default
     max_tokens: int | None = None
+    # The structured-output constraint of the next replies: (kind, text), kind as the client's
+    # keyword (json_schema, regex or ebnf); None: free text.
+    constraint: tuple[str, str] | None = None
     chat: bool = True  # False when the model has no chat template: send a plain transcript
     turns: list[ChatMessage] = field(default_factory=list)
 
@@ -64,6 +71,10 @@ class Shell:
             "/system": self.cmd_system,
             "/temperature": self.cmd_temperature,
             "/max_tokens": self.cmd_max_tokens,
+            "/json": lambda arg: self.cmd_constraint("json_schema", arg),
+            "/regex": lambda arg: self.cmd_constraint("regex", arg),
+            "/ebnf": lambda arg: self.cmd_constraint("ebnf", arg),
+            "/free": self.cmd_free,
             "/reset": self.cmd_reset,
             "/stats": self.cmd_stats,
             "/help": self.cmd_help,
@@ -84,8 +95,10 @@ class Shell:
         text, messages = (
             (None, conv.messages(user_text)) if conv.chat else (conv.transcript(user_text), None)
         )
+        constraint = dict([conv.constraint]) if conv.constraint else {}
         stream = self.client.generate(
-            text, messages=messages, temperature=conv.temperature, max_new_tokens=conv.max_tokens
+            text, messages=messages, temperature=conv.temperature, max_new_tokens=conv.max_tokens,
+            **constraint,
         )
         parts: list[str] = []
         finished: Finished | None = None
@@ -159,6 +172,21 @@ class Shell:
         self.say(f"max_tokens: {shown}")
         return True
 
+    def cmd_constraint(self, kind: str, arg: str) -> bool:
+        if arg:
+            try:
+                self.conv.constraint = (kind, read_constraint(arg))
+            except OSError as err:
+                self.say(f"cannot read {arg[1:]}: {err.strerror}")
+                return True
+        self.say(describe_constraint(self.conv.constraint))
+        return True
+
+    def cmd_free(self, arg: str) -> bool:
+        self.conv.constraint = None
+        self.say(describe_constraint(None))
+        return True
+
     def cmd_reset(self, arg: str) -> bool:
         self.conv.turns.clear()
         self.say("conversation cleared")
@@ -177,6 +205,19 @@ class Shell:
 
     def cmd_exit(self, arg: str) -> bool:
         return False
+
+
+def read_constraint(arg: str) -> str:
+    """The constraint text: `arg` itself, or the contents of the file named after an `@`."""
+    return Path(arg[1:]).expanduser().read_text() if arg.startswith("@") else arg
+
+
+def describe_constraint(constraint: tuple[str, str] | None) -> str:
+    if constraint is None:
+        return "replies: free text"
+    kind, text = constraint
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return f"replies follow {kind}: {shown}"
 
 
 def format_stats(s: ServerInfo) -> str:
@@ -253,6 +294,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--system", help="system prompt")
     p.add_argument("--temperature", type=float)
     p.add_argument("--max-tokens", type=int)
+    constraint = p.add_mutually_exclusive_group()
+    for flag, what in (("--json-schema", "a JSON Schema"), ("--regex", "a regular expression"),
+                       ("--ebnf", "an EBNF grammar (start rule root)")):
+        constraint.add_argument(flag, metavar="TEXT|@FILE", help=f"replies follow {what}")
     p.add_argument(
         "--history-file",
         type=Path,
@@ -264,6 +309,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     conv = Conversation(args.system, args.temperature, args.max_tokens)
+    for kind in ("json_schema", "regex", "ebnf"):
+        arg = getattr(args, kind)
+        if arg:
+            try:
+                conv.constraint = (kind, read_constraint(arg))
+            except OSError as err:
+                print(f"grpc-shell: cannot read {arg[1:]}: {err.strerror}", file=sys.stderr)
+                return 2
     with Client(args.target, args.api_key, tls=args.tls) as client:
         shell = Shell(client, conv)
         try:
