@@ -1,5 +1,6 @@
 """Wait until a radixserve gateway at TARGET reports SERVING on grpc.health.v1, then have it answer
-one Generate with the Python client. Used by docker/smoke.sh; exits non-zero with a reason.
+one Generate and one regex-constrained Generate with the Python client. Used by docker/smoke.sh;
+exits non-zero with a reason.
 
     python docker/smoke_generate.py 127.0.0.1:50051 --deadline 300
 """
@@ -7,6 +8,7 @@ one Generate with the Python client. Used by docker/smoke.sh; exits non-zero wit
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -46,6 +48,14 @@ def main() -> int:
         raise SystemExit(f"{args.target}: Generate returned no tokens ({result.finish_reason})")
     print(f"{args.target}: Generate {args.prompt!r} -> {result.text!r} "
           f"({len(result.token_ids)} tokens, {result.finish_reason})")
+    # Structured output: the image's grammar compiler works (the CPU image carries no Triton).
+    regex = "(yes|no), (red|green|blue)"
+    with Client(args.target) as client:
+        answer = client.generate_text(args.prompt, max_new_tokens=32, regex=regex, timeout=120)
+    if not re.fullmatch(regex, answer.text) or answer.finish_reason == "length":
+        raise SystemExit(f"{args.target}: constrained Generate gave {answer.text!r} "
+                         f"({answer.finish_reason})")
+    print(f"{args.target}: Generate under regex {regex!r} -> {answer.text!r}")
     return 0
 
 
