@@ -4,7 +4,7 @@
 # The services also need grpcio-health-checking and grpcio-reflection wheels there (and grpcio /
 # protobuf at the versions the committed stubs were generated with); carry native/_prefix.abi3.so
 # (with a cffi wheel in .whl/) for the C++ radix tree, else the Python twin runs.
-#   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels
+#   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, serving, serving-8b
 # Results: $OUT/log.txt (everything), $OUT/results.jsonl (one JSON line per figure).
 set -u
 OUT=${OUT:-/tmp/gpu-out}
@@ -37,6 +37,26 @@ stage() {  # stage NAME SECONDS CMD...: one stage's failure or timeout never sto
 }
 SUITE=(python3 -m radixserve.bench.suite --out "$OUT/results.jsonl")
 
+save_model() {  # save_model NAME: config.json, the demo tokenizer and random bf16 weights, on disk
+  [ -d "/tmp/models/$1" ] || python3 -c "
+import sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from radixserve.bench.models import write_model_dir
+d = write_model_dir(sys.argv[1], '/tmp/models')
+with torch.device('cuda'):
+    m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(d), dtype=torch.bfloat16)
+m.save_pretrained(d)" "$1" 2>&1 | tail -n 2 | tee -a "$LOG"
+}
+# The served plane through all four services against the offline engine (docs/benchmarks.md,
+# "Serving plane"); SERVING_LEVELS and SERVING_RATES override the concurrencies and rate fractions.
+serving() {  # serving NAME
+  save_model "$1"
+  stage "serving $1" 560 python3 -m radixserve.bench.serving --launch --model "/tmp/models/$1" \
+    --num-prompts 512 --input-len 512 --output-len 512 --temperature 0.6 \
+    --concurrency "${SERVING_LEVELS:-256,32}" --rate-fractions "${SERVING_RATES:-0.5,0.75,0.9}" \
+    --offline-baseline --json "$OUT/serving-$1.json" -- --device cuda --max-running-requests 256
+}
+
 for s in "$@"; do
   case $s in
     tests) stage tests 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
@@ -45,6 +65,8 @@ for s in "$@"; do
              tar czf /tmp/fi.tgz -C "$HOME" .cache/flashinfer; ls -la /tmp/fi.tgz | tee -a "$LOG"
              [ "$(stat -c %s /tmp/fi.tgz)" -le 62914560 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz.part"
            fi ;;
+    serving) serving qwen3-0.6b ;;
+    serving-8b) serving qwen3-8b ;;
     kernels) stage kernels 300 python3 -m radixserve.bench.kernels --out "$OUT/results.jsonl" ;;
     small) stage small 300 "${SUITE[@]}" --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
     big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline,no_overlap ;;
