@@ -454,3 +454,34 @@ async def start_in_process(
     assert gw.gateway.links.ready, "in-process stack did not become ready"
     return InProcess(servers, gw.gateway, app, det.servicer, engine, f"127.0.0.1:{gw.port}",
                      {"tokenizer": tok.port, "scheduler": sch.port, "detokenizer": det.port})
+
+
+def run_in_process(demo_path: str, body: Any, **engine: Any) -> None:
+    """Start the in-process stack around a FakeEngine(**engine), await body(stack, stub), close."""
+    import asyncio
+
+    async def main() -> None:
+        stack = await start_in_process(FakeEngine(**engine), demo_path)
+        try:
+            async with grpc.aio.insecure_channel(stack.target) as channel:
+                await body(stack, pb_grpc.GenerateServiceStub(channel))
+        finally:
+            await stack.close()
+
+    asyncio.run(main())
+
+
+async def until(check: Any, timeout: float = 5.0) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def idle(stack: InProcess) -> bool:
+    """Nothing of any request is left in any service (grammars being compiled included)."""
+    return (not stack.engine.reqs and stack.gateway.frontend.live_requests == 0
+            and stack.detokenizer.live_requests == 0 and len(stack.scheduler_app.compiler) == 0
+            and stack.scheduler_app.loop.live_requests == 0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -13,32 +12,16 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
-from svc_helpers import FakeEngine, InProcess, acollect, request, start_in_process
-
-
-def run(demo_path: str, body: Callable[[InProcess, Any], Awaitable[None]], **engine: Any) -> None:
-    async def main() -> None:
-        stack = await start_in_process(FakeEngine(**engine), demo_path)
-        try:
-            async with grpc.aio.insecure_channel(stack.target) as channel:
-                await body(stack, pb_grpc.GenerateServiceStub(channel))
-        finally:
-            await stack.close()
-
-    asyncio.run(main())
-
-
-async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
-def idle(stack: InProcess) -> bool:
-    return (not stack.engine.reqs and stack.gateway.frontend.live_requests == 0
-            and stack.detokenizer.live_requests == 0
-            and stack.scheduler_app.loop.live_requests == 0)
+from svc_helpers import (
+    FakeEngine,
+    InProcess,
+    acollect,
+    idle,
+    request,
+    run_in_process,
+    start_in_process,
+    until,
+)
 
 
 def test_stream_ids_usage_and_request_id(demo_path: str) -> None:
@@ -56,7 +39,7 @@ def test_stream_ids_usage_and_request_id(demo_path: str) -> None:
         assert again.code == grpc.StatusCode.OK
         await until(lambda: idle(stack))
 
-    run(demo_path, body)
+    run_in_process(demo_path, body)
 
 
 @pytest.mark.parametrize("n", [1, 4])
@@ -79,7 +62,7 @@ def test_client_cancel_aborts_in_engine_and_frees_every_map(demo_path: str, n: i
         res = await acollect(stub, request([5], max_new_tokens=2, request_id="c"))
         assert res.code == grpc.StatusCode.OK and len(res.token_ids) == 2
 
-    run(demo_path, body, step_delay_s=0.01)
+    run_in_process(demo_path, body, step_delay_s=0.01)
 
 
 def test_deadline_aborts_in_engine(demo_path: str) -> None:
@@ -92,7 +75,7 @@ def test_deadline_aborts_in_engine(demo_path: str) -> None:
         labels = {"method": "Generate", "code": "DEADLINE_EXCEEDED"}
         await until(lambda: registry.get_sample_value("radixserve_requests_total", labels) == 1)
 
-    run(demo_path, body, step_delay_s=0.02)
+    run_in_process(demo_path, body, step_delay_s=0.02)
 
 
 def test_stop_string_finishes_and_aborts_in_engine(demo_path: str) -> None:
@@ -106,7 +89,7 @@ def test_stop_string_finishes_and_aborts_in_engine(demo_path: str) -> None:
         await until(lambda: idle(stack))
         assert stack.engine.aborted, "the engine must stop generating after a stop string"
 
-    run(demo_path, body, step_delay_s=0.01)
+    run_in_process(demo_path, body, step_delay_s=0.01)
 
 
 def test_public_abort_ends_stream_with_aborted(demo_path: str) -> None:
@@ -123,7 +106,7 @@ def test_public_abort_ends_stream_with_aborted(demo_path: str) -> None:
         assert again.aborted == 0
         await until(lambda: idle(stack))
 
-    run(demo_path, body, step_delay_s=0.01)
+    run_in_process(demo_path, body, step_delay_s=0.01)
 
 
 def test_engine_rejection_is_invalid_argument_before_started(demo_path: str) -> None:
@@ -135,7 +118,7 @@ def test_engine_rejection_is_invalid_argument_before_started(demo_path: str) -> 
         assert ok.code == grpc.StatusCode.OK
         await until(lambda: idle(stack))
 
-    run(demo_path, body, reject_token=99)
+    run_in_process(demo_path, body, reject_token=99)
 
 
 def test_batched_submission_one_message_per_step(demo_path: str) -> None:
@@ -147,7 +130,7 @@ def test_batched_submission_one_message_per_step(demo_path: str) -> None:
             assert res.token_ids == [i + 11 + k for k in range(5)]
         await until(lambda: idle(stack))
 
-    run(demo_path, body, step_delay_s=0.005)
+    run_in_process(demo_path, body, step_delay_s=0.005)
 
 
 def test_scheduler_loss_fails_streams_unavailable(demo_path: str) -> None:
@@ -166,7 +149,7 @@ def test_scheduler_loss_fails_streams_unavailable(demo_path: str) -> None:
         res = await acollect(stub, request([5], max_new_tokens=1))
         assert res.code == grpc.StatusCode.UNAVAILABLE
 
-    run(demo_path, body, step_delay_s=0.01)
+    run_in_process(demo_path, body, step_delay_s=0.01)
 
 
 def test_drain_refuses_new_calls_and_finishes_in_flight(demo_path: str) -> None:
@@ -184,7 +167,7 @@ def test_drain_refuses_new_calls_and_finishes_in_flight(demo_path: str) -> None:
         assert done.code == grpc.StatusCode.OK and len(done.token_ids) == 30
         await drain
 
-    run(demo_path, body, step_delay_s=0.01)
+    run_in_process(demo_path, body, step_delay_s=0.01)
 
 
 @pytest.mark.parametrize("in_flight", [1])
@@ -271,7 +254,7 @@ def test_n_completions_stream_tagged_by_index(demo_path: str) -> None:
         assert seeds == [7, 8, 9]
         await until(lambda: idle(stack))
 
-    run(demo_path, body)
+    run_in_process(demo_path, body)
 
 
 def test_n_public_abort_finishes_each_completion_aborted(demo_path: str) -> None:
@@ -287,4 +270,4 @@ def test_n_public_abort_finishes_each_completion_aborted(demo_path: str) -> None
         await until(lambda: len(stack.engine.aborted) == 2)
         await until(lambda: idle(stack))
 
-    run(demo_path, body, step_delay_s=0.01)
+    run_in_process(demo_path, body, step_delay_s=0.01)

@@ -18,8 +18,16 @@ from radixserve.services.scheduler import convert as sched_convert
 from radixserve.services.scheduler.compile import GrammarCompiler, split
 from radixserve.services.scheduler.loop import EngineLoop, LoopConfig, NewRequest
 from radixserve.v1 import generate_pb2 as pb
-from radixserve.v1 import generate_pb2_grpc as pb_grpc
-from svc_helpers import FakeEngine, InProcess, Sink, acollect, request, start_in_process
+from svc_helpers import (
+    FakeEngine,
+    InProcess,
+    Sink,
+    acollect,
+    idle,
+    request,
+    run_in_process,
+    until,
+)
 
 SCHEMA = json.dumps({"type": "object", "properties": {"a": {"enum": ["x", "y"]}}})
 
@@ -155,29 +163,10 @@ def test_queue_full_counts_requests_held_for_compilation() -> None:
 # -- the compile path through the in-process stack ------------------------------------------
 
 
-def run(demo_path: str, body: Any, **engine: Any) -> None:
-    async def main() -> None:
-        stack = await start_in_process(FakeEngine(**engine), demo_path)
-        try:
-            async with grpc.aio.insecure_channel(stack.target) as channel:
-                await body(stack, pb_grpc.GenerateServiceStub(channel))
-        finally:
-            await stack.close()
-
-    asyncio.run(main())
 
 
-async def until(check: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
-def idle(stack: InProcess) -> bool:
-    return (not stack.engine.reqs and stack.gateway.frontend.live_requests == 0
-            and stack.detokenizer.live_requests == 0 and len(stack.scheduler_app.compiler) == 0
-            and stack.scheduler_app.loop.live_requests == 0)
 
 
 def test_constrained_request_waits_for_its_grammar_and_others_do_not(demo_path: str) -> None:
@@ -196,7 +185,7 @@ def test_constrained_request_waits_for_its_grammar_and_others_do_not(demo_path: 
         assert stack.engine.params_seen[rid].regex == "[ab]+"
         await until(lambda: idle(stack))
 
-    run(demo_path, body, compile_delay_s=0.6)
+    run_in_process(demo_path, body, compile_delay_s=0.6)
 
 
 def test_bad_grammar_is_invalid_argument_and_never_reaches_the_engine(demo_path: str) -> None:
@@ -214,7 +203,7 @@ def test_bad_grammar_is_invalid_argument_and_never_reaches_the_engine(demo_path:
         assert stack.engine.compiled.count(("regex", "a+")) == 1
         await until(lambda: idle(stack))
 
-    run(demo_path, body)
+    run_in_process(demo_path, body)
 
 
 @pytest.mark.parametrize("n", [1, 2])
@@ -229,7 +218,7 @@ def test_cancel_while_compiling_leaves_nothing_behind(demo_path: str, n: int) ->
         assert (await acollect(stub, request([5], max_new_tokens=1))).code == grpc.StatusCode.OK
         await until(lambda: idle(stack))
 
-    run(demo_path, body, compile_delay_s=0.8)
+    run_in_process(demo_path, body, compile_delay_s=0.8)
 
 
 def test_public_pb_fields_named_in_the_contract() -> None:
