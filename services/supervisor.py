@@ -160,6 +160,8 @@ class Supervisor:
                                   self._config.startup_timeout_s)
                         return False
                     time.sleep(POLL_S)
+            if liveness is not None:
+                liveness.answered(child.name)  # its SERVING answer starts the silence clock too
             log.info("%s ready", child.name)
         return True
 
@@ -227,6 +229,12 @@ class Liveness:
         self._answered: dict[str, float | None] = dict.fromkeys(self._stubs, None)
         self._sent = dict.fromkeys(self._stubs, now - self._interval_s)
         self._pending: dict[str, grpc.Future] = {}
+
+    def answered(self, name: str) -> None:
+        """`name` answered a health check just now (the readiness wait's own probe). Without this
+        a child that hangs right after it turned ready, before a liveness probe got through,
+        would count as still starting, which only the startup timeout bounds."""
+        self._answered[name] = max(self._answered[name] or 0.0, time.monotonic())
 
     def silent(self) -> str | None:
         """The first child that has not answered for `timeout_s`, or None."""

@@ -76,3 +76,21 @@ def test_liveness_hears_a_slow_starter_within_two_seconds(tmp_path: Any) -> None
     finally:
         liveness.close()
         server.stop(0)
+
+
+def test_liveness_counts_the_readiness_answer() -> None:
+    """A child that turned ready (the readiness wait heard it) and then hung before any liveness
+    probe got through is judged on silence from that answer, not left as "starting"."""
+    from radixserve.services.supervisor import Child, Liveness
+
+    liveness = Liveness([Child("hung", [], "unix:/nonexistent.sock")], timeout_s=0.5)
+    try:
+        assert liveness.silent() is None
+        liveness.answered("hung")
+        deadline = time.monotonic() + 5.0
+        while liveness.silent() is None:
+            assert time.monotonic() < deadline, "a silent child that had answered went unnoticed"
+            time.sleep(0.05)
+        assert liveness.silent() == "hung"
+    finally:
+        liveness.close()
