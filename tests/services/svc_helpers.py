@@ -456,12 +456,14 @@ async def start_in_process(
                      {"tokenizer": tok.port, "scheduler": sch.port, "detokenizer": det.port})
 
 
-def run_in_process(demo_path: str, body: Any, **engine: Any) -> None:
-    """Start the in-process stack around a FakeEngine(**engine), await body(stack, stub), close."""
+def run_in_process(demo_path: str, body: Any, frontend: dict[str, Any] | None = None,
+                   **engine: Any) -> None:
+    """Start the in-process stack around a FakeEngine(**engine) (gateway limits from `frontend`),
+    await body(stack, stub), close."""
     import asyncio
 
     async def main() -> None:
-        stack = await start_in_process(FakeEngine(**engine), demo_path)
+        stack = await start_in_process(FakeEngine(**engine), demo_path, **(frontend or {}))
         try:
             async with grpc.aio.insecure_channel(stack.target) as channel:
                 await body(stack, pb_grpc.GenerateServiceStub(channel))

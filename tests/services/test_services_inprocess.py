@@ -179,16 +179,7 @@ def test_in_flight_cap_is_resource_exhausted(demo_path: str, in_flight: int) -> 
         assert second.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert (await first).code == grpc.StatusCode.OK
 
-    async def main() -> None:
-        stack = await start_in_process(FakeEngine(step_delay_s=0.01), demo_path,
-                                       max_in_flight=in_flight)
-        try:
-            async with grpc.aio.insecure_channel(stack.target) as channel:
-                await body(stack, pb_grpc.GenerateServiceStub(channel))
-        finally:
-            await stack.close()
-
-    asyncio.run(main())
+    run_in_process(demo_path, body, frontend={"max_in_flight": in_flight}, step_delay_s=0.01)
 
 
 def test_internal_rpcs_need_the_shared_secret(demo_path: str) -> None:
