@@ -45,6 +45,10 @@ class EngineConfig:
     cpu_kv_tokens: int = 65536  # KV capacity in tokens when num_pages is None on CPU
     cuda_graph: bool = True
     cuda_graph_max_batch: int = 256
+    # Steps with prefill tokens of up to this many tokens replay piecewise CUDA graphs
+    # (piecewise_graph.py). None: max_prefill_tokens + max_running_requests on CUDA with graphs on,
+    # off on CPU; 0: off; a number on CPU runs the same pieces uncaptured (tests).
+    piecewise_graph_max_tokens: int | None = None
     load_format: LoadFormat = "auto"  # "dummy": random weights from config.json alone (benchmarks)
 
     def __post_init__(self) -> None:
@@ -62,6 +66,8 @@ class EngineConfig:
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError("cuda_graph_max_batch must be >= 1")
+        if self.piecewise_graph_max_tokens is not None and self.piecewise_graph_max_tokens < 0:
+            raise ValueError("piecewise_graph_max_tokens must be >= 0")
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ValueError("schedule_policy must be 'fcfs' or 'lpm', got "
                              f"{self.schedule_policy!r}")

@@ -18,6 +18,7 @@ from radixserve.engine.attention import AttentionBackend, StepLayout
 from radixserve.engine.context import ForwardContext, forward_context
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.models.base import CausalLM
+from radixserve.engine.models.config import ModelArgs
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,13 @@ def graph_reserve_bytes(batch_sizes: list[int], vocab_size: int, dtype: torch.dt
     logits = sum(batch_sizes) * vocab_size * dtype.itemsize
     return (logits + len(batch_sizes) * GRAPH_WRAPPER_BYTES
             + max(batch_sizes) * max_pages_per_req * 4 + GRAPH_SLACK_BYTES)
+
+
+def piece_buffer_bytes(args: ModelArgs, max_tokens: int, dtype: torch.dtype) -> int:
+    """The piecewise graphs' static buffers (piecewise_graph.py): ids, positions and locations,
+    queries and attention output, residual stream and hidden states, for max_tokens rows."""
+    q = args.num_heads * args.head_dim  # unsharded: piecewise graphs run without TP
+    return max_tokens * (3 * 8 + (2 * q + 2 * args.hidden_size) * dtype.itemsize)
 
 
 def plan_kv_pages(page_bytes: int, memory_fraction: float, activation_bytes: int, graph_bytes: int,

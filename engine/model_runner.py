@@ -28,12 +28,14 @@ from radixserve.engine.kvcache.table import TableManager
 from radixserve.engine.memory import (
     graph_reserve_bytes,
     kv_page_bytes,
+    piece_buffer_bytes,
     plan_kv_pages,
     profile_activation_bytes,
 )
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.models.dummy import init_dummy_model
 from radixserve.engine.models.loader import load_model
+from radixserve.engine.piecewise_graph import PiecewiseGraphRunner, token_buckets
 from radixserve.engine.sampling.batch import build_sampling_batch
 from radixserve.engine.sampling.sampler import SampleOutput, Sampler
 from radixserve.engine.scheduler.batch import Batch
@@ -73,9 +75,10 @@ class ModelRunner:
                                       args.head_dim, device, dtype)
         self.sampler = Sampler()
         graph_sizes = self._graph_sizes()
+        piece_buckets = self._piece_buckets()
         # TP ranks must agree on the pool size (free memory differs per GPU): take the smallest.
         self.num_pages = config.num_pages or get_comm().min_over_ranks(
-            self._auto_num_pages(attn.num_kv_heads, graph_sizes))
+            self._auto_num_pages(attn.num_kv_heads, graph_sizes, piece_buckets))
         # One page past the allocator's range belongs to no request: padded graph rows write there.
         self.kv_pool = KVCachePool(args.num_layers, self.num_pages + 1, config.page_size,
                                    attn.num_kv_heads, args.head_dim, dtype, device)
@@ -87,6 +90,11 @@ class ModelRunner:
             self.graphs = CudaGraphRunner(self.model, self.backend, self.kv_pool, self.table,
                                           graph_sizes, self.num_pages, self.stream)
             self.graph_bytes = self.graphs.capture(progress=get_comm().rank == 0)
+        self.pieces: PiecewiseGraphRunner | None = None
+        if piece_buckets:
+            self.pieces = PiecewiseGraphRunner(self.model, self.backend, self.kv_pool,
+                                               piece_buckets, self.num_pages, self.stream)
+            self.graph_bytes += self.pieces.capture(progress=get_comm().rank == 0)
 
     def _graph_sizes(self) -> list[int]:
         c = self.config
@@ -98,7 +106,22 @@ class ModelRunner:
             return []
         return graph_batch_sizes(min(c.cuda_graph_max_batch, c.max_running_requests))
 
-    def _auto_num_pages(self, num_kv_heads: int, graph_sizes: list[int]) -> int:
+    def _piece_buckets(self) -> list[int]:
+        """Token buckets of the piecewise graphs: by default up to the largest step the scheduler
+        issues (a prefill budget's chunk beside a decode token per running request), on CUDA with
+        graphs on. An explicit limit also runs the pieces on CPU, uncaptured (tests)."""
+        c = self.config
+        limit = c.piecewise_graph_max_tokens
+        if limit == 0 or c.tp_size > 1:
+            return []
+        if limit is None:
+            if self.device.type != "cuda" or not c.cuda_graph:
+                return []
+            limit = c.max_prefill_tokens + c.max_running_requests
+        return token_buckets(limit)
+
+    def _auto_num_pages(self, num_kv_heads: int, graph_sizes: list[int],
+                        piece_buckets: list[int]) -> int:
         c = self.config
         P = c.page_size
         if self.device.type != "cuda":
@@ -110,6 +133,8 @@ class ModelRunner:
                                                c.max_running_requests, P, self.dtype, self.device)
         graphs = graph_reserve_bytes(graph_sizes, self.args.vocab_size, self.dtype,
                                      self.table.width // P)
+        if piece_buckets:  # the pieces' own pool holds at most an eager step's activations
+            graphs += activations + piece_buffer_bytes(self.args, max(piece_buckets), self.dtype)
         return plan_kv_pages(page_bytes, c.memory_fraction, activations, graphs,
                              self.device).num_pages
 
@@ -157,8 +182,11 @@ class ModelRunner:
             layout = StepLayout(slots_d, batch.prefix_lens, batch.seq_lens, out_loc,
                                 table.page_table, self.config.page_size)
             meta = self.backend.prepare(layout)
-            with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
-                hidden = self.model(input_ids, pos_d)
+            if self.pieces is not None and self.pieces.can_run(T):
+                hidden = self.pieces.run(input_ids, pos_d, out_loc, meta)
+            else:
+                with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
+                    hidden = self.model(input_ids, pos_d)
             if not rows:
                 return self._no_samples()
             last = (starts + ext - 1)[rows].to(dev, non_blocking=True)

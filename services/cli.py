@@ -53,6 +53,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--memory-fraction", "memory_fraction", float),
     ("--cpu-kv-tokens", "cpu_kv_tokens", int),
     ("--cuda-graph-max-batch", "cuda_graph_max_batch", int),
+    ("--piecewise-graph-max-tokens", "piecewise_graph_max_tokens", int),
     ("--load-format", "load_format", str),
 )
 # Boolean engine switches that default on: (flag that turns it off, field).

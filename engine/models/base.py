@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from radixserve.engine.context import get_forward_context
 from radixserve.engine.layers.attention import RopeAttention
 from radixserve.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from radixserve.engine.layers.mlp import GatedMLP
@@ -26,16 +27,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def before_attention(self, positions: torch.Tensor, x: torch.Tensor,
+                         residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous sublayer's output (T, hidden); residual: the stream before it (None at
-        layer 0). Each add into the stream is fused with the norm that follows it, and at a batch
-        of 1-2 rows the norm with the projection that follows it (one GEMV kernel)."""
-        attn, mlp = self.self_attn, self.mlp
-        qkv, residual = attn.qkv_proj.normed(x, residual, self.input_layernorm)
-        h = attn.attend(positions, qkv)
-        gate_up, residual = mlp.gate_up_proj.normed(h, residual, self.post_attention_layernorm)
-        return mlp.down(gate_up), residual
+        layer 0). Returns this layer's queries (T, nh, hd), its k and v stored, and the residual
+        stream. Each add into the stream is fused with the norm that follows it, and at a batch of
+        1-2 rows the norm with the projection that follows it (one GEMV kernel)."""
+        qkv, residual = self.self_attn.qkv_proj.normed(x, residual, self.input_layernorm)
+        return self.self_attn.qkv_to_q(positions, qkv), residual
+
+    def after_attention(self, attn_out: torch.Tensor,
+                        residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """attn_out (T, nh, hd) -> (the MLP's output (T, hidden), the residual stream)."""
+        h = self.self_attn.output(attn_out)
+        gate_up, residual = self.mlp.gate_up_proj.normed(h, residual, self.post_attention_layernorm)
+        return self.mlp.down(gate_up), residual
 
 
 class DecoderModel(nn.Module):
@@ -48,12 +54,35 @@ class DecoderModel(nn.Module):
                                     for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
+    @property
+    def num_pieces(self) -> int:
+        return len(self.layers) + 1
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions: (T,) -> hidden states (T, hidden)."""
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
-        return self.norm(x, residual)[0]
+        """input_ids, positions: (T,) -> hidden states (T, hidden). The pieces below with the
+        attention between them: the piecewise CUDA graphs replay exactly this sequence."""
+        ctx = get_forward_context()
+        x, residual = self.piece(0, input_ids, positions, None, None)
+        for i in range(len(self.layers)):
+            attn_out = ctx.backend.attend(x, i, ctx.metadata, ctx.kv_pool)
+            x, residual = self.piece(i + 1, input_ids, positions, attn_out, residual)
+        return x
+
+    def piece(self, k: int, input_ids: torch.Tensor, positions: torch.Tensor,
+              attn_out: torch.Tensor | None,
+              residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The work between attention k - 1 and attention k, k = 0..L: the embedding (k = 0) or
+        layer k - 1's output projection and MLP, then layer k's norm, qkv projection, q/k norms,
+        rotary and KV store. Returns (layer k's queries (T, nh, hd), residual (T, hidden)), or at
+        k = L (the final hidden states (T, hidden), residual)."""
+        if k == 0:
+            x, residual = self.embed_tokens(input_ids), None
+        else:
+            assert attn_out is not None and residual is not None
+            x, residual = self.layers[k - 1].after_attention(attn_out, residual)
+        if k == len(self.layers):
+            return self.norm(x, residual)[0], residual
+        return self.layers[k].before_attention(positions, x, residual)
 
 
 class CausalLM(nn.Module):

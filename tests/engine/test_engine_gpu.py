@@ -29,6 +29,11 @@ LOGPROB_TOL = 5e-2
 CONFIGS: dict[str, dict[str, Any]] = {
     "flashinfer+graphs": {"attention_backend": "flashinfer"},
     "flashinfer eager": {"attention_backend": "flashinfer", "cuda_graph": False},
+    # decode graphs only: steps with prefill tokens run eagerly
+    "flashinfer no pieces": {"attention_backend": "flashinfer", "piecewise_graph_max_tokens": 0},
+    # pieces for steps up to 64 tokens (padded into buckets 16..64), eager steps above that
+    "flashinfer small pieces": {"attention_backend": "flashinfer", "max_prefill_tokens": 48,
+                                "piecewise_graph_max_tokens": 64},
     "flashinfer page1 chunked": {"attention_backend": "flashinfer", "page_size": 1,
                                  "max_prefill_tokens": 48},
     "flashinfer no-overlap": {"attention_backend": "flashinfer", "overlap": False},
@@ -108,6 +113,7 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     llm.core.check_integrity()
     backend = type(llm.core.runner.backend).__name__
     graphs = llm.core.runner.graphs is not None
+    pieces = llm.core.runner.pieces is not None
     del llm
     gc.collect()
     torch.cuda.empty_cache()
@@ -115,7 +121,7 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     hf32 = AutoModelForCausalLM.from_pretrained(str(qwen3_hd128), dtype=torch.float32).cuda().eval()
     stats = compare(hf, hf32, prompts, outs)
     _record({"test": "engine_vs_transformers_bf16", "config": name, "backend": backend,
-             "graphs": graphs, **stats})
+             "graphs": graphs, "pieces": pieces, **stats})
     assert all(len(o.token_ids) == NEW_TOKENS for o in outs)
     distinct = {tuple(o.token_ids) for o in outs}
     assert len(distinct) == NUM_PROMPTS, "outputs should differ across prompts"

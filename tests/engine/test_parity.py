@@ -44,6 +44,10 @@ CONFIGS = {
     "no_overlap": {"overlap": False},
     "naive_cache": {"cache": "naive"},
     "chunked_page4_no_overlap": {"max_prefill_tokens": 16, "page_size": 4, "overlap": False},
+    # the piecewise-graph path (uncaptured on CPU): every step through the pieces; then pieces for
+    # steps up to 40 tokens (buckets 16, 32, 40: padded rows) beside eager steps above that
+    "pieces": {"piecewise_graph_max_tokens": 4096},
+    "pieces_chunked": {"piecewise_graph_max_tokens": 40, "max_prefill_tokens": 16},
     "lpm_small_batch": {"schedule_policy": "lpm", "max_running_requests": 4,
                         "max_prefill_tokens": 32},
 }

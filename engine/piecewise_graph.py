@@ -1,0 +1,142 @@
+"""Steps with prefill tokens replayed from CUDA graphs piece by piece, attention eager in between.
+
+A step that carries prefill tokens has ragged attention, which a graph captured for one layout cannot
+plan for, so the decode graphs (cuda_graph.py) never run it. Eagerly, its host work (~0.36 ms per
+layer of Triton and cuBLAS launches) exceeds the device work of steps up to a few thousand tokens on
+a small model, and every running stream waits for it. Here the forward is cut at every attention
+call: the L + 1 pieces between the calls (`DecoderModel.piece`: norms, projections, rotary, the KV
+store, the MLP) are captured once per token-count bucket, and a step replays them with the
+backend's attention, planned for the real tokens only, run eagerly in between.
+
+Every piece reads and writes static buffers: token ids, positions and KV locations in, queries,
+residual stream and attention output between pieces, final hidden states out. A step of T tokens
+runs in the smallest bucket >= T; padded tokens write their K/V into a dummy page that no request
+owns, and rows are independent outside attention, so padding never reaches a real token.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable
+
+import torch
+from radixserve.engine.attention import AttentionBackend, AttentionMetadata
+from radixserve.engine.context import ForwardContext, forward_context
+from radixserve.engine.kvcache.pool import KVCachePool
+from radixserve.engine.models.base import CausalLM
+
+log = logging.getLogger(__name__)
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """Steps of 16 to 256, then eight per doubling, and max_tokens last: padding stays under
+    12.5% past 256 tokens."""
+    sizes = list(range(16, 257, 16))
+    while sizes[-1] < max_tokens:
+        power = 1 << (sizes[-1].bit_length() - 1)  # the power of two at or below
+        sizes.append(sizes[-1] + power // 8)
+    return [s for s in sizes if s < max_tokens] + [max_tokens]
+
+
+class _Eager:
+    """Stands in for a captured graph where there is no CUDA (tests of the buffer plumbing)."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.replay = fn
+
+
+class PiecewiseGraphRunner:
+    def __init__(self, model: CausalLM, backend: AttentionBackend, kv_pool: KVCachePool,
+                 buckets: list[int], dummy_page: int, stream: torch.cuda.Stream | None) -> None:
+        assert buckets, "no token buckets to capture"
+        self.model, self.backend, self.kv_pool, self.stream = model.model, backend, kv_pool, stream
+        self.buckets = sorted(buckets)
+        self.max_tokens = self.buckets[-1]
+        self.dummy_loc = dummy_page * kv_pool.page_size
+        attn = self.model.layers[0].self_attn
+        dev, dtype = kv_pool.k.device, kv_pool.k.dtype
+        G, H = self.max_tokens, model.args.hidden_size
+        self.ids = torch.zeros(G, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(G, dtype=torch.int64, device=dev)
+        self.out_loc = torch.full((G,), self.dummy_loc, dtype=torch.int64, device=dev)
+        self.q = torch.zeros(G, attn.num_heads, attn.head_dim, dtype=dtype, device=dev)
+        self.attn_out = torch.zeros_like(self.q)
+        self.residual = torch.zeros(G, H, dtype=dtype, device=dev)
+        self.hidden = torch.zeros(G, H, dtype=dtype, device=dev)
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph | _Eager]] = {}
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (
+            self.ids, self.positions, self.out_loc, self.q, self.attn_out, self.residual,
+            self.hidden))
+
+    def capture(self, progress: bool = True) -> int:
+        """Capture every bucket's pieces (largest first; one memory pool for all: replays run one
+        at a time on one stream and pieces keep nothing alive in it). Without CUDA the pieces are
+        kept as plain calls. Returns the bytes taken."""
+        from tqdm import tqdm
+
+        if self.stream is None:
+            for T in self.buckets:
+                self.graphs[T] = [_Eager(lambda k=k, T=T: self._piece(k, T))
+                                  for k in range(self.model.num_pieces)]
+            return self.buffer_bytes
+        dev = self.q.device
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_reserved(dev)
+        pool = torch.cuda.graph_pool_handle()
+        for T in tqdm(list(reversed(self.buckets)), desc="Capturing piecewise graphs",
+                      disable=not progress, unit="bucket"):
+            with torch.cuda.stream(self.stream):  # warm-up outside capture: JIT builds, autotuning
+                for k in range(self.model.num_pieces):
+                    self._piece(k, T)
+            self.stream.synchronize()
+            graphs: list[torch.cuda.CUDAGraph | _Eager] = []
+            for k in range(self.model.num_pieces):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=self.stream):
+                    self._piece(k, T)
+                graphs.append(graph)
+            self.graphs[T] = graphs
+        torch.cuda.synchronize(dev)
+        used = torch.cuda.memory_reserved(dev) - before
+        log.info("captured piecewise graphs for %d token buckets (%d..%d), %d pieces each, "
+                 "%.0f MiB", len(self.buckets), self.buckets[0], self.max_tokens,
+                 self.model.num_pieces, used / 2**20)
+        return used + self.buffer_bytes
+
+    @torch.inference_mode()
+    def _piece(self, k: int, T: int) -> None:
+        """Piece k over the first T rows of the static buffers."""
+        last = k == self.model.num_pieces - 1
+        meta = AttentionMetadata(self.out_loc[:T])  # the KV store reads only the locations
+        with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
+            out, residual = self.model.piece(k, self.ids[:T], self.positions[:T], self.attn_out[:T],
+                                             self.residual[:T] if k else None)
+        (self.hidden if last else self.q)[:T].copy_(out)
+        if not last and residual is not None and residual.data_ptr() != self.residual.data_ptr():
+            self.residual[:T].copy_(residual)  # the fused add+norm updates the buffer in place
+
+    def can_run(self, num_tokens: int) -> bool:
+        return 0 < num_tokens <= self.max_tokens
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
+            meta: AttentionMetadata) -> torch.Tensor:
+        """ids, positions, out_loc: (T,) on the device; meta: the backend's plan of this step.
+        Returns the final hidden states (T, hidden), a view of a static buffer: read it before the
+        next step. Call on the model runner's stream."""
+        T = ids.size(0)
+        bucket = self.buckets[bisect.bisect_left(self.buckets, T)]
+        self.ids[:T].copy_(ids)
+        self.positions[:T].copy_(positions)
+        self.out_loc[:T].copy_(out_loc)
+        self.out_loc[T:bucket].fill_(self.dummy_loc)  # padded rows write into the dummy page
+        pieces = self.graphs[bucket]
+        q, attn_out = self.q[:T], self.attn_out[:T]
+        for i, piece in enumerate(pieces[:-1]):
+            piece.replay()
+            attn_out.copy_(self.backend.attend(q, i, meta, self.kv_pool))
+        pieces[-1].replay()
+        return self.hidden[:T]
