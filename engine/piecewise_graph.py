@@ -1,7 +1,7 @@
 """Steps with prefill tokens replayed from CUDA graphs piece by piece, attention eager in between.
 
-A step that carries prefill tokens has ragged attention, which a graph captured for one layout cannot
-plan for, so the decode graphs (cuda_graph.py) never run it. Eagerly, its host work (~0.36 ms per
+A step that carries prefill tokens has ragged attention, which a graph captured for one layout
+cannot plan for, so the decode graphs (cuda_graph.py) never run it. Eagerly, its host work (~0.36 ms per
 layer of Triton and cuBLAS launches) exceeds the device work of steps up to a few thousand tokens on
 a small model, and every running stream waits for it. Here the forward is cut at every attention
 call: the L + 1 pieces between the calls (`DecoderModel.piece`: norms, projections, rotary, the KV
