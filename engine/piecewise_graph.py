@@ -1,12 +1,12 @@
 """Steps with prefill tokens replayed from CUDA graphs piece by piece, attention eager in between.
 
 A step that carries prefill tokens has ragged attention, which a graph captured for one layout
-cannot plan for, so the decode graphs (cuda_graph.py) never run it. Eagerly, its host work (~0.36 ms per
-layer of Triton and cuBLAS launches) exceeds the device work of steps up to a few thousand tokens on
-a small model, and every running stream waits for it. Here the forward is cut at every attention
-call: the L + 1 pieces between the calls (`DecoderModel.piece`: norms, projections, rotary, the KV
-store, the MLP) are captured once per token-count bucket, and a step replays them with the
-backend's attention, planned for the real tokens only, run eagerly in between.
+cannot plan for, so the decode graphs (cuda_graph.py) never run it. Eagerly, its host work (~0.36 ms
+per layer of Triton and cuBLAS launches) exceeds the device work of steps up to a few thousand
+tokens on a small model, and every running stream waits for it. Here the forward is cut at every
+attention call: the L + 1 pieces between the calls (`DecoderModel.piece`: norms, projections,
+rotary, the KV store, the MLP) are captured once per token-count bucket, and a step replays them
+with the backend's attention, planned for the real tokens only, run eagerly in between.
 
 Every piece reads and writes static buffers: token ids, positions and KV locations in, queries,
 residual stream and attention output between pieces, final hidden states out. A step of T tokens
