@@ -6,6 +6,7 @@ one step after the device made it, the same delay a client would see.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import statistics
 import time
@@ -19,10 +20,38 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
 from radixserve.engine.sampling.params import SamplingParams
 
+# Engine fields set on a benchmark's command line (`--engine KEY=VALUE`): every engine it builds
+# takes them, over what its parts choose (e.g. the offline workload without piecewise graphs).
+ENGINE_OVERRIDES: dict[str, Any] = {}
+
+
+def parse_engine_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """["piecewise_graph_max_tokens=0", "attention_backend=fa"] -> typed EngineConfig fields
+    (none, true/false, int, float, else the string). Unknown fields raise ValueError."""
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in known:
+            raise ValueError(f"--engine takes FIELD=VALUE with an EngineConfig field, not {pair!r}")
+        value: Any = text
+        if text.lower() in ("none", "true", "false"):
+            value = {"none": None, "true": True, "false": False}[text.lower()]
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    continue
+        out[key] = value
+    return out
+
 
 def build_core(model_dir: str | Path, **config: Any) -> EngineCore:
     """An engine on random weights for the folder's config.json (no checkpoint needed)."""
-    config = {"load_format": "dummy", **config}
+    config = {"load_format": "dummy", **config, **ENGINE_OVERRIDES}
     return EngineCore(EngineConfig(model_path=str(model_dir), **config))
 
 

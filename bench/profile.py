@@ -22,7 +22,14 @@ from typing import Any
 
 import torch
 from radixserve.bench.common import device_name, print_table, write_json
-from radixserve.bench.driver import build_core, greedy_params, median, release
+from radixserve.bench.driver import (
+    ENGINE_OVERRIDES,
+    build_core,
+    greedy_params,
+    median,
+    parse_engine_overrides,
+    release,
+)
 from radixserve.bench.models import write_model_dir
 from radixserve.engine.core import EngineCore
 
@@ -244,27 +251,38 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-cuda-graph", action="store_true")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--offline", action="store_true", help="profile the offline workload instead")
-    mode.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
+    mode.add_argument("--prefill", default="", metavar="TOKENS[,TOKENS...]",
                       help=f"profile one prefill step of {PREFILL_REQUESTS} prompts totalling "
-                           "TOKENS instead")
+                           "TOKENS instead (each count in turn)")
+    ap.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
+                    help="an EngineConfig field, e.g. piecewise_graph_max_tokens=0 (repeatable)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    if args.prefill < 0:
-        ap.error("--prefill takes a positive token count")
+    try:
+        prefill = [int(t) for t in args.prefill.split(",")] if args.prefill else []
+        ENGINE_OVERRIDES.update(parse_engine_overrides(args.engine))
+    except ValueError as e:
+        ap.error(str(e))
+    if any(t < 1 for t in prefill):
+        ap.error("--prefill takes positive token counts")
     batches = [int(b) for b in args.batches.split(",")]
     # A prefill step must hold every prompt: one slot each, and a token budget that takes them all.
-    slots = max(*batches, PREFILL_REQUESTS) if args.prefill else max(batches)
+    slots = max(*batches, PREFILL_REQUESTS) if prefill else max(batches)
     core = build_core(write_model_dir(args.model, args.root), device=args.device,
-                      max_running_requests=slots,
-                      cuda_graph=not args.no_cuda_graph, max_prefill_tokens=max(8192, args.prefill))
+                      max_running_requests=slots, cuda_graph=not args.no_cuda_graph,
+                      max_prefill_tokens=max(8192, *prefill))
     kernels: list[dict[str, Any]] = []
     title = f"decode step profile (medians): {args.model} on {device_name(args.device)}"
     try:
         if args.offline:
             rows = profile_offline(core)
-        elif args.prefill:
-            rows, kernels = profile_prefill(core, args.prefill)
-            title = (f"prefill step of {args.prefill} tokens: {args.model} on "
+        elif prefill:
+            rows = []
+            for tokens in prefill:
+                got, top = profile_prefill(core, tokens)
+                rows += got
+                kernels += [{"tokens": tokens, **k} for k in top]
+            title = (f"prefill steps of {args.prefill} tokens: {args.model} on "
                      f"{device_name(args.device)}")
         else:
             rows = [profile_batch(core, b, args.prompt_len, args.steps, args.trace)
@@ -275,10 +293,10 @@ def main(argv: list[str] | None = None) -> None:
         print_table("top kernels of the profiled prefill step, by self device time",
                     [{**k, "kernel": k["kernel"][:100]} for k in kernels])
     print_table(title, rows)
-    extra = {"kernels": kernels} if args.prefill else {}
+    extra = {"kernels": kernels} if prefill else {}
     write_json(args.json,
-               {"bench": "profile", "args": vars(args), "device": device_name(args.device),
-                           "rows": rows, **extra})
+               {"bench": "profile", "args": vars(args), "engine": ENGINE_OVERRIDES,
+                "device": device_name(args.device), "rows": rows, **extra})
 
 
 if __name__ == "__main__":

@@ -20,7 +20,13 @@ from typing import Any, Callable
 import torch
 from radixserve.bench import latency, long, prefix
 from radixserve.bench.common import device_name, print_table
-from radixserve.bench.driver import build_core, drive, release
+from radixserve.bench.driver import (
+    ENGINE_OVERRIDES,
+    build_core,
+    drive,
+    parse_engine_overrides,
+    release,
+)
 from radixserve.bench.models import write_model_dir
 from radixserve.engine.sampling.params import SamplingParams
 
@@ -56,8 +62,8 @@ def part_offline_llm(path: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
     from radixserve.bench.offline import make_requests, run_engine
     from radixserve.engine.llm import LLM
 
-    llm = LLM(str(path), load_format="dummy", max_running_requests=a.max_running,
-              max_prefill_tokens=a.max_prefill)
+    llm = LLM(str(path), **{"load_format": "dummy", "max_running_requests": a.max_running,
+                           "max_prefill_tokens": a.max_prefill, **ENGINE_OVERRIDES})
     try:
         reqs = make_requests(OFFLINE["num"], OFFLINE["in_range"], OFFLINE["out_range"], 10000,
                              OFFLINE["seed"])
@@ -129,7 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefix-groups", type=int, default=64)
     ap.add_argument("--long-len", type=int, default=16384)
     ap.add_argument("--out", default="suite.jsonl")
+    ap.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
+                    help="an EngineConfig field for every engine built, e.g. "
+                         "piecewise_graph_max_tokens=0 (repeatable)")
     a = ap.parse_args(argv)
+    try:
+        ENGINE_OVERRIDES.update(parse_engine_overrides(a.engine))
+    except ValueError as e:
+        ap.error(str(e))
     path = write_model_dir(a.model, a.root)
     rows: list[dict[str, Any]] = []
     for name in a.parts.split(","):
@@ -143,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         for row in got:
             row = {"model": a.model, "device": device_name("auto"),
                    "date": time.strftime("%Y-%m-%d %H:%M"),
-                   "part_s": round(time.perf_counter() - start, 1), **row}
+                   "part_s": round(time.perf_counter() - start, 1), **ENGINE_OVERRIDES, **row}
             rows.append(row)
             with open(a.out, "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -53,3 +53,17 @@ def test_product_does_not_import_the_benchmarks() -> None:
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                 assert not any(n == "radixserve.bench" or n.startswith("radixserve.bench.")
                                for n in names), path
+
+
+def test_engine_overrides_are_typed_and_checked():
+    """`--engine FIELD=VALUE` reaches every engine a benchmark builds, typed as the field needs;
+    a misspelt field is refused instead of silently benchmarking the default."""
+    from radixserve.bench.driver import parse_engine_overrides
+
+    got = parse_engine_overrides(["piecewise_graph_max_tokens=0", "attention-backend=fa,flashinfer",
+                                  "overlap=false", "memory_fraction=0.5", "num_pages=none"])
+    assert got == {"piecewise_graph_max_tokens": 0, "attention_backend": "fa,flashinfer",
+                   "overlap": False, "memory_fraction": 0.5, "num_pages": None}
+    for bad in ("piecewise_graphs=0", "overlap"):
+        with pytest.raises(ValueError, match="FIELD=VALUE"):
+            parse_engine_overrides([bad])
