@@ -49,12 +49,16 @@ def test_profile_prefill_runs_every_token_in_one_step_and_returns_every_page(tmp
 def test_profile_prefill_cli_writes_rows_and_kernels(tmp_path, capsys):
     out = tmp_path / "prefill.json"
     profile.main(["--model", "tiny", "--root", str(tmp_path), "--device", "cpu", "--batches", "1",
-                  "--prefill", "40", "--json", str(out)])
+                  "--prefill", "40,24", "--engine", "piecewise_graph_max_tokens=48",
+                  "--json", str(out)])
     data = json.loads(out.read_text())
-    assert data["args"]["prefill"] == 40
-    assert [r["run"] for r in data["rows"]] == ["profiled", "plain 1", "plain 2", "plain 3",
-                                                "plain median"]
-    assert all(r["tokens"] == 40 and r["step_ms"] > 0 for r in data["rows"])
-    assert data["kernels"] and {"kernel", "calls", "total_us", "share"} <= set(data["kernels"][0])
+    assert data["args"]["prefill"] == "40,24"
+    assert data["engine"] == {"piecewise_graph_max_tokens": 48}
+    runs = ["profiled", "plain 1", "plain 2", "plain 3", "plain median"]
+    assert [r["run"] for r in data["rows"]] == runs + runs
+    assert [r["tokens"] for r in data["rows"]] == [40] * 5 + [24] * 5
+    assert all(r["step_ms"] > 0 for r in data["rows"])
+    assert {"tokens", "kernel", "calls", "total_us", "share"} <= set(data["kernels"][0])
+    assert {k["tokens"] for k in data["kernels"]} == {40, 24}
     printed = capsys.readouterr().out
     assert "top kernels of the profiled prefill step" in printed and "plain median" in printed
