@@ -6,6 +6,7 @@ one step after the device made it, the same delay a client would see.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import gc
 import statistics
@@ -47,6 +48,19 @@ def parse_engine_overrides(pairs: Sequence[str]) -> dict[str, Any]:
                     continue
         out[key] = value
     return out
+
+
+def add_engine_argument(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
+                    help="an EngineConfig field for every engine built, e.g. "
+                         "piecewise_graph_max_tokens=0 (repeatable)")
+
+
+def apply_engine_argument(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        ENGINE_OVERRIDES.update(parse_engine_overrides(args.engine))
+    except ValueError as e:
+        ap.error(str(e))
 
 
 def build_core(model_dir: str | Path, **config: Any) -> EngineCore:

@@ -4,7 +4,8 @@
 # The services also need grpcio-health-checking and grpcio-reflection wheels there (and grpcio /
 # protobuf at the versions the committed stubs were generated with); carry native/_prefix.abi3.so
 # (with a cffi wheel in .whl/) for the C++ radix tree, else the Python twin runs.
-#   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, serving, serving-8b
+#   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
+#                                        pieces-8b, long-curve, serving, serving-8b
 # Results: $OUT/log.txt (everything), $OUT/results.jsonl (one JSON line per figure).
 set -u
 OUT=${OUT:-/tmp/gpu-out}
@@ -57,6 +58,19 @@ serving() {  # serving NAME
     --offline-baseline --json "$OUT/serving-$1.json" -- --device cuda --max-running-requests 256
 }
 
+# Piecewise graphs on (the default) against off, side by side: prefill-step host time, the offline
+# workload, and the long-prompt mix; `pieces` for Qwen3-0.6B, `pieces-8b` for Qwen3-8B, `long-curve`
+# for chunk sizes 256..4096 (short-request ITL against long-prompt TTFT).
+EAGER=(--engine piecewise_graph_max_tokens=0)
+pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
+  stage "prefill $1 pieces" 200 python3 -m radixserve.bench.profile --model "$1" --prefill "$2" \
+    --json "$OUT/prefill-$1-pieces.json"
+  stage "prefill $1 eager" 200 python3 -m radixserve.bench.profile --model "$1" --prefill "$2" \
+    "${EAGER[@]}" --json "$OUT/prefill-$1-eager.json"
+  stage "suite $1 pieces" 300 "${SUITE[@]}" --model "$1" --parts "$3"
+  stage "suite $1 eager" 300 "${SUITE[@]}" --model "$1" --parts "$3" "${EAGER[@]}"
+}
+
 for s in "$@"; do
   case $s in
     tests) stage tests 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
@@ -65,6 +79,10 @@ for s in "$@"; do
              tar czf /tmp/fi.tgz -C "$HOME" .cache/flashinfer; ls -la /tmp/fi.tgz | tee -a "$LOG"
              [ "$(stat -c %s /tmp/fi.tgz)" -le 62914560 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz.part"
            fi ;;
+    pieces) pieces qwen3-0.6b 64,256,1024,4096 offline,long ;;
+    pieces-8b) pieces qwen3-8b 64,1024 offline ;;
+    long-curve) stage long-curve 400 python3 -m radixserve.bench.long --model qwen3-0.6b \
+                  --chunk 256,512,1024,2048,4096 --json "$OUT/long-curve.json" ;;
     serving) serving qwen3-0.6b ;;
     serving-8b) serving qwen3-8b ;;
     kernels) stage kernels 300 python3 -m radixserve.bench.kernels --out "$OUT/results.jsonl" ;;

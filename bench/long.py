@@ -1,10 +1,11 @@
 """`radixserve bench long`: long prompts among short chats, chunked prefill on vs off.
 
---num-short short requests (--short-len ids, --short-out tokens) start together; while they
-decode, --num-long long prompts (--long-len ids, --long-out tokens) arrive one every
---long-every steps. Without chunking a long prompt is prefilled in one step and every short
-request waits for it; with chunking (--chunk tokens per step) decode steps keep going between
-chunks. Reported: inter-token latency of the short requests (p50 / p99 / max), long TTFT, wall.
+--num-short short requests (--short-len ids, --short-out tokens) start together; while they decode,
+--num-long long prompts (--long-len ids, --long-out tokens) arrive one every --long-every steps.
+Without chunking a long prompt is prefilled in one step and every short request waits for it; with
+chunking (--chunk tokens per step, or a list of sizes for the curve of short ITL against long TTFT)
+decode steps keep going between chunks. Reported: inter-token latency of the short requests (p50 /
+p99 / max), long TTFT, wall.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.bench.common import device_name, print_table, write_json
-from radixserve.bench.driver import build_core, drive, greedy_params, percentile, release
+from radixserve.bench.driver import (
+    add_engine_argument,
+    apply_engine_argument,
+    build_core,
+    drive,
+    greedy_params,
+    percentile,
+    release,
+)
 from radixserve.bench.models import write_model_dir
 
 
@@ -54,8 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--long-len", type=int, default=16384)
     ap.add_argument("--long-out", type=int, default=16)
     ap.add_argument("--long-every", type=int, default=24, help="steps between long arrivals")
-    ap.add_argument("--chunk", type=int, default=2048, help="max_prefill_tokens with chunking on")
+    ap.add_argument("--chunk", default="2048",
+                    help="max_prefill_tokens with chunking on; several (e.g. 256,1024,4096) trace "
+                         "short-request ITL against long-prompt TTFT")
     ap.add_argument("--attention-backend", default="auto")
+    add_engine_argument(ap)
     ap.add_argument("--json")
     return ap
 
@@ -68,9 +80,12 @@ def main_args(long_len: int) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    apply_engine_argument(ap, args)
     path = write_model_dir(args.model, args.root)
-    rows = [run_one(path, args, args.chunk), run_one(path, args, args.long_len + args.short_len)]
+    rows = [run_one(path, args, int(chunk)) for chunk in args.chunk.split(",")]
+    rows.append(run_one(path, args, args.long_len + args.short_len))
     print_table(f"long prompts among short ones: {args.model} on {device_name('auto')}", rows)
     write_json(args.json,
                {"bench": "long", "args": vars(args), "device": device_name("auto"), "rows": rows})

@@ -24,10 +24,11 @@ import torch
 from radixserve.bench.common import device_name, print_table, write_json
 from radixserve.bench.driver import (
     ENGINE_OVERRIDES,
+    add_engine_argument,
+    apply_engine_argument,
     build_core,
     greedy_params,
     median,
-    parse_engine_overrides,
     release,
 )
 from radixserve.bench.models import write_model_dir
@@ -254,15 +255,14 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--prefill", default="", metavar="TOKENS[,TOKENS...]",
                       help=f"profile one prefill step of {PREFILL_REQUESTS} prompts totalling "
                            "TOKENS instead (each count in turn)")
-    ap.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
-                    help="an EngineConfig field, e.g. piecewise_graph_max_tokens=0 (repeatable)")
+    add_engine_argument(ap)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    apply_engine_argument(ap, args)
     try:
         prefill = [int(t) for t in args.prefill.split(",")] if args.prefill else []
-        ENGINE_OVERRIDES.update(parse_engine_overrides(args.engine))
-    except ValueError as e:
-        ap.error(str(e))
+    except ValueError:
+        ap.error("--prefill takes token counts: 64,1024")
     if any(t < 1 for t in prefill):
         ap.error("--prefill takes positive token counts")
     batches = [int(b) for b in args.batches.split(",")]

@@ -22,9 +22,10 @@ from radixserve.bench import latency, long, prefix
 from radixserve.bench.common import device_name, print_table
 from radixserve.bench.driver import (
     ENGINE_OVERRIDES,
+    add_engine_argument,
+    apply_engine_argument,
     build_core,
     drive,
-    parse_engine_overrides,
     release,
 )
 from radixserve.bench.models import write_model_dir
@@ -135,14 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefix-groups", type=int, default=64)
     ap.add_argument("--long-len", type=int, default=16384)
     ap.add_argument("--out", default="suite.jsonl")
-    ap.add_argument("--engine", action="append", default=[], metavar="FIELD=VALUE",
-                    help="an EngineConfig field for every engine built, e.g. "
-                         "piecewise_graph_max_tokens=0 (repeatable)")
+    add_engine_argument(ap)
     a = ap.parse_args(argv)
-    try:
-        ENGINE_OVERRIDES.update(parse_engine_overrides(a.engine))
-    except ValueError as e:
-        ap.error(str(e))
+    apply_engine_argument(ap, a)
     path = write_model_dir(a.model, a.root)
     rows: list[dict[str, Any]] = []
     for name in a.parts.split(","):
