@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
-from radixserve.services.scheduler.loop import NewRequest, Rejection
+from radixserve.services.scheduler.types import NewRequest, Rejection
 
 log = logging.getLogger(__name__)
 COMPILE_WORKERS = 2

@@ -11,7 +11,7 @@ from radixserve.internal.common.v1 import common_pb2
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
 from radixserve.internal.scheduler.v1 import scheduler_pb2 as pb
 from radixserve.services.common.errors import code_number
-from radixserve.services.scheduler.loop import Acks, NewRequest, StepBatch
+from radixserve.services.scheduler.types import Acks, NewRequest, StepBatch
 
 _REASONS = {
     "eos": detok_pb.FINISH_REASON_EOS,

@@ -19,10 +19,18 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.services.scheduler.types import (
+    AbortOwned,
+    Acks,
+    Command,
+    NewRequest,
+    Rejection,
+    StepBatch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,53 +50,6 @@ class EngineLike(Protocol):
     def has_work(self) -> bool: ...
     def stats(self) -> dict[str, Any]: ...
     def check_integrity(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class NewRequest:
-    rid: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    passthrough: Any = None  # detokenizer options, handed back untouched with the setup
-    group: str = ""  # the n completions of one public request share it: added all or none
-    grammar: Any = None  # compiled from params.constraint before submission (compile.py)
-
-
-@dataclass(frozen=True)
-class Submission:
-    """A batch from one gateway stream (`owner`), or aborts from the detokenizer (owner None)."""
-
-    owner: Hashable | None
-    requests: Sequence[NewRequest] = ()
-    abort_ids: Sequence[str] = ()
-
-
-@dataclass(frozen=True)
-class AbortOwned:
-    """Abort everything `owner` submitted (its stream ended); None aborts every request."""
-
-    owner: Hashable | None
-
-
-Command = Submission | AbortOwned
-
-
-class Rejection(NamedTuple):
-    rid: str
-    code: grpc.StatusCode
-    message: str
-
-
-class Acks(NamedTuple):
-    owner: Hashable
-    accepted: list[str]
-    rejected: list[Rejection]
-
-
-class StepBatch(NamedTuple):
-    aborted: list[str]
-    setups: list[NewRequest]
-    outputs: list[Any]  # engine StepOutput
 
 
 class LoopSink(Protocol):

@@ -20,12 +20,10 @@ from radixserve.services.common.errors import ErrorInterceptor, code_number, una
 from radixserve.services.scheduler import convert
 from radixserve.services.scheduler.compile import GrammarCompiler, split
 from radixserve.services.scheduler.link import DetokenizerLink
-from radixserve.services.scheduler.loop import (
+from radixserve.services.scheduler.loop import EngineLike, EngineLoop, LoopConfig
+from radixserve.services.scheduler.types import (
     AbortOwned,
     Acks,
-    EngineLike,
-    EngineLoop,
-    LoopConfig,
     NewRequest,
     StepBatch,
     Submission,

@@ -9,7 +9,8 @@ from typing import Any
 
 import grpc
 import pytest
-from radixserve.services.scheduler.loop import AbortOwned, Acks, EngineLoop, LoopConfig, Submission
+from radixserve.services.scheduler.loop import EngineLoop, LoopConfig
+from radixserve.services.scheduler.types import AbortOwned, Acks, Submission
 from svc_helpers import FakeEngine, Sink, new, wait_for
 
 
