@@ -17,7 +17,7 @@ class NewRequest:
     prompt_ids: list[int]
     params: SamplingParams
     passthrough: Any = None  # detokenizer options, handed back untouched with the setup
-    group: str = ""  # the n completions of one public request share it: added all or none
+    group: str = ""  # the n completions of one public request share it (groups.py)
     grammar: Any = None  # compiled from params.constraint before submission (compile.py)
 
 
