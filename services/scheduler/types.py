@@ -21,6 +21,22 @@ class NewRequest:
     grammar: Any = None  # compiled from params.constraint before submission (compile.py)
 
 
+class Invalid(NamedTuple):
+    """A submitted request whose fields do not make a valid request: it, and its group, are
+    refused with INVALID_ARGUMENT and `message`."""
+
+    rid: str
+    group: str
+    message: str
+
+
+class Incoming(NamedTuple):
+    """One message of a gateway's Submit stream (new requests are applied before aborts)."""
+
+    requests: list[NewRequest | Invalid]
+    abort_ids: list[str]
+
+
 @dataclass(frozen=True)
 class Submission:
     """A batch from one gateway stream (`owner`), or aborts from the detokenizer (owner None)."""
