@@ -150,6 +150,9 @@ class Frontend(SchedulerEvents):
             prompt_ids = await self._prompt_ids(handle.rids[0], handle.spec.prompt, info)
             params = self._resolve(handle.spec.params, len(prompt_ids), info)
             if not handle.aborted:
+                # One group in one message: the scheduler takes it whole or refuses every member
+                # with one status (services/scheduler/groups.py), so the first rejection of any
+                # member ends the call and leaves nothing to abort.
                 group = handle.rids[0] if n > 1 else ""
                 self._links.submit([
                     convert.new_request_to_pb(rid, prompt_ids, _completion_params(params, i),
@@ -331,7 +334,7 @@ class Frontend(SchedulerEvents):
     def on_rejected(self, rid: str, failure: Failure) -> None:
         handle = self._by_rid.get(rid)
         if handle is not None:
-            handle.finished = True  # the scheduler holds nothing for it
+            handle.finished = True  # its whole group was refused: the scheduler holds none of it
             handle.inbox.put_nowait(failure)
 
     def on_output(self, output: Output) -> None:
