@@ -26,22 +26,3 @@ def test_gateway_joins_the_outputs_a_slow_stream_left_queued() -> None:
     assert last.token_ids == [4, 5] and last.text == "dé"
     assert last.finish is not None and last.finish.completion_tokens == 5
     assert out[3].token_ids == [6]  # type: ignore[union-attr]  # nothing joins after a finish
-
-
-def test_gateway_reads_a_step_of_deltas_into_outputs() -> None:
-    """The detokenizer's deltas become outputs with their finish (reason, matched stop, counts);
-    an unknown reason reads as aborted."""
-    from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
-    from radixserve.services.gateway import convert
-
-    msg = detok_pb.SubscribeResponse(deltas=[
-        detok_pb.RequestDelta(request_id="a", token_ids=[1, 2], text="hi"),
-        detok_pb.RequestDelta(request_id="b", text="!", finish=detok_pb.Finish(
-            reason=detok_pb.FINISH_REASON_STOP_STRING, stop_string="!", completion_tokens=3,
-            cached_tokens=2)),
-        detok_pb.RequestDelta(request_id="c", finish=detok_pb.Finish(reason=99)),
-    ])
-    a, b, c = convert.outputs_from_pb(msg)
-    assert a == Output("a", [1, 2], "hi", [], None)
-    assert b.finish == Finish("stop_string", "!", None, 3, 2)
-    assert c.finish is not None and c.finish.reason == "aborted"
