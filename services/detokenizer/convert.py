@@ -61,3 +61,12 @@ def delta_to_pb(delta: Delta) -> pb.RequestDelta:
 
 def deltas_to_pb(deltas: list[Delta]) -> pb.SubscribeResponse:
     return pb.SubscribeResponse(deltas=[delta_to_pb(d) for d in deltas])
+
+
+def aborts_to_pb(abort_ids: list[str]) -> pb.ProcessResponse:
+    """Requests finished on a stop string, for the scheduler to abort."""
+    return pb.ProcessResponse(abort_ids=abort_ids)
+
+
+def stats_to_pb(live_requests: int, subscribers: int) -> pb.GetStatsResponse:
+    return pb.GetStatsResponse(live_requests=live_requests, subscribers=subscribers)

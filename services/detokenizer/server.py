@@ -47,14 +47,12 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         log.info("scheduler stream opened")
         try:
             async for request in request_iterator:
-                deltas, abort_ids = await loop.run_in_executor(
-                    self._worker, _apply, state, request
-                )
-                if deltas.deltas:
+                deltas, aborts = await loop.run_in_executor(self._worker, _apply, state, request)
+                if deltas is not None:
                     for queue in self._subscribers:
                         queue.put_nowait(deltas)
-                if abort_ids:
-                    await context.write(pb.ProcessResponse(abort_ids=abort_ids))
+                if aborts is not None:
+                    await context.write(aborts)
         finally:
             # The scheduler went away: nobody will finish its requests, so forget them all. The
             # reset runs on the worker so it cannot interleave with a step still being applied.
@@ -77,16 +75,16 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatsResponse:
-        return pb.GetStatsResponse(
-            live_requests=self.live_requests, subscribers=len(self._subscribers)
-        )
+        return convert.stats_to_pb(self.live_requests, len(self._subscribers))
 
 
-def _apply(state: DetokenizerState,
-           request: pb.ProcessRequest) -> tuple[pb.SubscribeResponse, list[str]]:
-    """Runs on the worker thread: convert, detokenize, convert back."""
+def _apply(state: DetokenizerState, request: pb.ProcessRequest
+           ) -> tuple[pb.SubscribeResponse | None, pb.ProcessResponse | None]:
+    """Runs on the worker thread: convert, detokenize, convert back. (The step's deltas for the
+    gateways, the stop-string aborts for the scheduler); None where there are none."""
     result = state.apply(convert.step_from_pb(request))
-    return convert.deltas_to_pb(result.deltas), result.abort_ids
+    deltas = convert.deltas_to_pb(result.deltas) if result.deltas else None
+    return deltas, convert.aborts_to_pb(result.abort_ids) if result.abort_ids else None
 
 
 def hf_factory(tokenizer: Any) -> DetokenizerFactory:

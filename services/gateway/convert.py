@@ -2,6 +2,10 @@
 
 Parsing a GenerateRequest validates everything that does not need the model or the tokenizer;
 the frontend checks the rest (vocabulary, context length) once the prompt's ids are known.
+
+The frontend, the inbox and the links never read or build a message themselves: what they send is
+built here and handed to them as an opaque message, and what they receive is turned into domain
+types here (`outputs_from_pb` runs once per token at full load: no more objects than it needs).
 """
 
 from __future__ import annotations
@@ -12,14 +16,19 @@ from radixserve.engine.sampling.params import InvalidRequestError, SamplingParam
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
 from radixserve.internal.scheduler.v1 import scheduler_pb2 as sched_pb
 from radixserve.internal.tokenizer.v1 import tokenizer_pb2 as tok_pb
-from radixserve.services.common.errors import invalid_argument
+from radixserve.services.common.errors import code_from_number, invalid_argument
 from radixserve.services.gateway.types import (
+    Acks,
     ChatPrompt,
     Delta,
     Event,
+    Failure,
+    Finish,
     GenerateSpec,
     IdsPrompt,
+    JobResult,
     ModelInfo,
+    Output,
     Prompt,
     Started,
     TextPrompt,
@@ -165,8 +174,52 @@ def event_to_pb(request_id: str, event: Event) -> pb.GenerateResponse:
     return pb.GenerateResponse(request_id=request_id, finished=finished, index=event.index)
 
 
-def internal_reason(number: int) -> str:
-    return _INTERNAL_REASONS.get(number, "aborted")
+def _finish_from_pb(f: detok_pb.Finish) -> Finish:
+    matched = f.WhichOneof("matched_stop")
+    return Finish(
+        _INTERNAL_REASONS.get(f.reason, "aborted"),  # type: ignore[arg-type]
+        f.stop_string if matched == "stop_string" else None,
+        f.stop_token_id if matched == "stop_token_id" else None,
+        f.completion_tokens,
+        f.cached_tokens,
+    )
+
+
+def outputs_from_pb(msg: detok_pb.SubscribeResponse) -> list[Output]:
+    """One processed engine step's deltas, in order."""
+    return [
+        Output(d.request_id, list(d.token_ids), d.text, list(d.logprobs),
+               _finish_from_pb(d.finish) if d.HasField("finish") else None)
+        for d in msg.deltas
+    ]
+
+
+def submit_to_pb(requests: list[sched_pb.NewRequest], abort_ids: list[str]
+                 ) -> sched_pb.SubmitRequest:
+    return sched_pb.SubmitRequest(requests=requests, abort_ids=abort_ids)
+
+
+def acks_from_pb(msg: sched_pb.SubmitResponse) -> Acks:
+    return Acks(
+        list(msg.accepted_ids),
+        [(r.request_id, Failure(code_from_number(r.status.code), r.status.message))
+         for r in msg.rejected],
+    )
+
+
+def jobs_to_pb(jobs: list[tok_pb.Job]) -> tok_pb.ProcessRequest:
+    return tok_pb.ProcessRequest(jobs=jobs)
+
+
+def job_results_from_pb(msg: tok_pb.ProcessResponse) -> list[tuple[str, JobResult | Failure]]:
+    """(job id, its result) for each job the message answers."""
+    out: list[tuple[str, JobResult | Failure]] = []
+    for r in msg.results:
+        if r.WhichOneof("result") == "error":
+            out.append((r.job_id, Failure(code_from_number(r.error.code), r.error.message)))
+        else:
+            out.append((r.job_id, JobResult(list(r.token_ids.ids), r.text)))
+    return out
 
 
 def new_request_to_pb(
@@ -234,6 +287,26 @@ def model_info_to_pb(info: ModelInfo) -> pb.GetModelInfoResponse:
     )
 
 
+def model_info_requests() -> tuple[sched_pb.GetModelInfoRequest, tok_pb.GetTokenizerInfoRequest]:
+    return sched_pb.GetModelInfoRequest(), tok_pb.GetTokenizerInfoRequest()
+
+
+def stats_requests() -> tuple[sched_pb.GetStatsRequest, detok_pb.GetStatsRequest]:
+    return sched_pb.GetStatsRequest(), detok_pb.GetStatsRequest()
+
+
+def subscribe_request() -> detok_pb.SubscribeRequest:
+    return detok_pb.SubscribeRequest()
+
+
+def stats_from_pb(sched: sched_pb.GetStatsResponse, detok: detok_pb.GetStatsResponse
+                  ) -> dict[str, int]:
+    """The backends' counters, under GetServerInfoResponse's names where they have one."""
+    stats = {f.name: getattr(sched, f.name) for f in sched.DESCRIPTOR.fields}
+    stats["detokenizer_live_requests"] = detok.live_requests
+    return stats
+
+
 def model_info_from_pb(
     msg: sched_pb.GetModelInfoResponse, tok: tok_pb.GetTokenizerInfoResponse
 ) -> ModelInfo:
@@ -254,6 +327,27 @@ def tokenize_prompt_from_pb(request: pb.TokenizeRequest) -> Prompt:
         return chat_from_pb(request.chat)
     add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
     return TextPrompt(request.text, add_special)
+
+
+def tokenize_response_to_pb(ids: list[int]) -> pb.TokenizeResponse:
+    return pb.TokenizeResponse(token_ids=ids)
+
+
+def detokenize_args_from_pb(request: pb.DetokenizeRequest) -> tuple[list[int], bool]:
+    """(token ids, skip_special_tokens)."""
+    return list(request.token_ids), request.skip_special_tokens
+
+
+def detokenize_response_to_pb(text: str) -> pb.DetokenizeResponse:
+    return pb.DetokenizeResponse(text=text)
+
+
+def abort_ids_from_pb(request: pb.AbortRequest) -> list[str]:
+    return list(request.request_ids)
+
+
+def abort_response_to_pb(aborted: int) -> pb.AbortResponse:
+    return pb.AbortResponse(aborted=aborted)
 
 
 def server_info_to_pb(version: str, stats: dict[str, int]) -> pb.GetServerInfoResponse:

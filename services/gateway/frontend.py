@@ -14,11 +14,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
-from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
 from radixserve.services.common.errors import (
     RETRY_AFTER_MS,
     ServiceError,
@@ -34,10 +32,12 @@ from radixserve.services.gateway.types import (
     Delta,
     Event,
     Failure,
+    Finish,
     Finished,
     GenerateSpec,
     IdsPrompt,
     ModelInfo,
+    Output,
     Prompt,
     Started,
 )
@@ -76,6 +76,9 @@ class RequestHandle:
     @property
     def index(self) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(self.rids)}
+
+
+_ABORTED = Finish("aborted", None, None, 0, 0)
 
 
 def _completion_params(params: SamplingParams, i: int) -> SamplingParams:
@@ -147,6 +150,9 @@ class Frontend(SchedulerEvents):
             prompt_ids = await self._prompt_ids(handle.rids[0], handle.spec.prompt, info)
             params = self._resolve(handle.spec.params, len(prompt_ids), info)
             if not handle.aborted:
+                # One group in one message: the scheduler takes it whole or refuses every member
+                # with one status (services/scheduler/groups.py), so the first rejection of any
+                # member ends the call and leaves nothing to abort.
                 group = handle.rids[0] if n > 1 else ""
                 self._links.submit([
                     convert.new_request_to_pb(rid, prompt_ids, _completion_params(params, i),
@@ -180,8 +186,7 @@ class Frontend(SchedulerEvents):
                         f"{info.vocab_size})"
                     )
             return ids
-        result = await self._links.run_job(convert.tokenize_job_to_pb(rid, prompt))
-        ids = list(result.token_ids.ids)
+        ids = (await self._links.run_job(rid, convert.tokenize_job_to_pb(rid, prompt))).token_ids
         if not ids:
             raise invalid_argument("the prompt tokenizes to no tokens")
         return ids
@@ -239,33 +244,27 @@ class Frontend(SchedulerEvents):
                 handle.finished = True
                 for i in range(n):
                     if i not in handle.done:
-                        yield self._finished(handle, i, "aborted", None, None, prompt_ids,
-                                             completion[i], 0, started_at, first_token_at)
+                        yield self._finished(handle, i, _ABORTED, len(prompt_ids), completion[i],
+                                             started_at, first_token_at)
                 return
-            i = index[item.request_id]
+            assert isinstance(item, Output)
+            i = index[item.rid]
             if item.token_ids and first_token_at is None:
                 first_token_at = time.monotonic()
             completion[i] += len(item.token_ids)
             if item.token_ids or item.text:
-                yield Delta(list(item.token_ids), item.text, list(item.logprobs), i)
-            if item.HasField("finish"):
+                yield Delta(item.token_ids, item.text, item.logprobs, i)
+            if item.finish is not None:
                 handle.done.add(i)
                 handle.finished = len(handle.done) == n
-                f = item.finish
-                matched = f.WhichOneof("matched_stop")
-                yield self._finished(
-                    handle, i, convert.internal_reason(f.reason),
-                    f.stop_string if matched == "stop_string" else None,
-                    f.stop_token_id if matched == "stop_token_id" else None,
-                    prompt_ids, f.completion_tokens or completion[i], f.cached_tokens,
-                    started_at, first_token_at,
-                )
+                yield self._finished(handle, i, item.finish, len(prompt_ids),
+                                     item.finish.completion_tokens or completion[i], started_at,
+                                     first_token_at)
                 if handle.finished:
                     return
 
     def _finished(
-        self, handle: RequestHandle, index: int, reason: Any, stop_string: str | None,
-        stop_token: int | None, prompt_ids: list[int], completion: int, cached: int,
+        self, handle: RequestHandle, index: int, finish: Finish, prompt_len: int, completion: int,
         started_at: float, first_token_at: float | None,
     ) -> Finished:
         now = time.monotonic()
@@ -273,9 +272,9 @@ class Frontend(SchedulerEvents):
         if self._metrics is not None:
             self._metrics.on_finished(ttft, now - handle.t0, completion)
         return Finished(
-            reason, stop_string, stop_token, len(prompt_ids), completion, cached,
-            queue_s=started_at - handle.t0, ttft_s=ttft or 0.0, total_s=now - handle.t0,
-            index=index,
+            finish.reason, finish.stop_string, finish.stop_token_id, prompt_len, completion,
+            finish.cached_tokens, queue_s=started_at - handle.t0, ttft_s=ttft or 0.0,
+            total_s=now - handle.t0, index=index,
         )
 
     # -- other RPCs -----------------------------------------------------------------------------
@@ -295,22 +294,20 @@ class Frontend(SchedulerEvents):
 
     async def tokenize(self, prompt: Prompt) -> list[int]:
         self.model_info()
-        result = await self._links.run_job(convert.tokenize_job_to_pb(uuid.uuid4().hex, prompt))
-        return list(result.token_ids.ids)
+        job_id = uuid.uuid4().hex
+        result = await self._links.run_job(job_id, convert.tokenize_job_to_pb(job_id, prompt))
+        return result.token_ids
 
     async def detokenize(self, ids: list[int], skip_special_tokens: bool) -> str:
         self.model_info()
-        job = convert.decode_job_to_pb(uuid.uuid4().hex, ids, skip_special_tokens)
-        return (await self._links.run_job(job)).text
+        job_id = uuid.uuid4().hex
+        job = convert.decode_job_to_pb(job_id, ids, skip_special_tokens)
+        return (await self._links.run_job(job_id, job)).text
 
     async def server_stats(self) -> dict[str, int]:
         self.model_info()
-        sched, detok = await asyncio.gather(
-            self._links.scheduler_stats(), self._links.detokenizer_stats()
-        )
-        stats = {f.name: getattr(sched, f.name) for f in sched.DESCRIPTOR.fields}
+        stats = await self._links.backend_stats()
         stats["gateway_live_requests"] = self.live_requests
-        stats["detokenizer_live_requests"] = detok.live_requests
         return stats
 
     async def drain(self) -> None:
@@ -334,16 +331,16 @@ class Frontend(SchedulerEvents):
         if handle is not None:
             handle.inbox.put_nowait(Accepted())
 
-    def on_rejected(self, rid: str, code: grpc.StatusCode, message: str) -> None:
+    def on_rejected(self, rid: str, failure: Failure) -> None:
         handle = self._by_rid.get(rid)
         if handle is not None:
-            handle.finished = True  # the scheduler holds nothing for it
-            handle.inbox.put_nowait(Failure(code, message))
+            handle.finished = True  # its whole group was refused: the scheduler holds none of it
+            handle.inbox.put_nowait(failure)
 
-    def on_delta(self, delta: detok_pb.RequestDelta) -> None:
-        handle = self._by_rid.get(delta.request_id)
+    def on_output(self, output: Output) -> None:
+        handle = self._by_rid.get(output.rid)
         if handle is not None:
-            handle.inbox.put_nowait(delta)
+            handle.inbox.put_nowait(output)
 
     def on_lost(self, message: str) -> None:
         self._fail_all(grpc.StatusCode.UNAVAILABLE, message)

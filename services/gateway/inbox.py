@@ -1,8 +1,8 @@
 """What a Generate call's inbox holds, and how a backlog of it is taken at once.
 
 The links and the frontend put into one call's queue: `Accepted` (the scheduler took it), `Aborted`
-(the Abort RPC ended it), a `Failure` (a status for the call) or an internal `RequestDelta` of one
-of its completions. A handler that falls behind takes the whole backlog and coalesces it.
+(the Abort RPC ended it), a `Failure` (a status for the call) or an `Output` of one of its
+completions. A handler that falls behind takes the whole backlog and coalesces it.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import TypeAlias, TypeVar
 
-from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
-from radixserve.services.gateway.types import Failure
+from radixserve.services.gateway.types import Failure, Output
 
 
 class Accepted:
@@ -22,7 +21,7 @@ class Aborted:
     pass
 
 
-Item: TypeAlias = Accepted | Aborted | Failure | detok_pb.RequestDelta
+Item: TypeAlias = Accepted | Aborted | Failure | Output
 T = TypeVar("T")
 
 
@@ -36,22 +35,19 @@ async def take_all(queue: asyncio.Queue[T]) -> list[T]:
 
 
 def coalesce(items: list[Item]) -> list[Item]:
-    """Joins each run of consecutive deltas into one (tokens, text and logprobs in order; a finish
-    ends the run). A stream whose writes fell behind the engine then sends one message for the
-    tokens that piled up instead of one per token, so a busy gateway catches up by itself."""
+    """Joins each run of consecutive outputs of one request into one (tokens, text and logprobs in
+    order; a finish ends the run). A stream whose writes fell behind the engine then sends one
+    message for the tokens that piled up instead of one per token, so a busy gateway catches up by
+    itself."""
+    if len(items) == 1:
+        return items
     out: list[Item] = []
     for item in items:
         last = out[-1] if out else None
-        if (isinstance(item, detok_pb.RequestDelta) and isinstance(last, detok_pb.RequestDelta)
-                and item.request_id == last.request_id and not last.HasField("finish")):
-            merged = detok_pb.RequestDelta()
-            merged.CopyFrom(last)
-            merged.token_ids.extend(item.token_ids)
-            merged.text = last.text + item.text
-            merged.logprobs.extend(item.logprobs)
-            if item.HasField("finish"):
-                merged.finish.CopyFrom(item.finish)
-            out[-1] = merged
+        if (isinstance(item, Output) and isinstance(last, Output) and item.rid == last.rid
+                and last.finish is None):
+            out[-1] = Output(last.rid, last.token_ids + item.token_ids, last.text + item.text,
+                             last.logprobs + item.logprobs, item.finish)
         else:
             out.append(item)
     return out

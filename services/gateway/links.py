@@ -4,6 +4,9 @@ Each link queues items from many concurrent client RPCs and sends whatever has a
 message, so a burst of N requests costs one write per hop, not N. `Links.run` (re)connects all
 three, reports readiness, and on the loss of any of them fails every request in flight: their
 outputs can no longer arrive, and a client must hear UNAVAILABLE within seconds, not hang.
+
+Messages are opaque here: what goes out was built by `convert`, what comes in is handed to
+`convert` before anyone looks at it.
 """
 
 from __future__ import annotations
@@ -14,18 +17,16 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2_grpc
-from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2_grpc as detok_grpc
-from radixserve.internal.scheduler.v1 import scheduler_pb2 as sched_pb
 from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as sched_grpc
-from radixserve.internal.tokenizer.v1 import tokenizer_pb2 as tok_pb
 from radixserve.internal.tokenizer.v1 import tokenizer_pb2_grpc as tok_grpc
 from radixserve.services.common import rpc
-from radixserve.services.common.errors import ServiceError, code_from_number, unavailable
+from radixserve.services.common.errors import ServiceError, unavailable
 from radixserve.services.gateway import convert
 from radixserve.services.gateway.inbox import take_all
-from radixserve.services.gateway.types import ModelInfo
+from radixserve.services.gateway.types import Failure, JobResult, ModelInfo, Output
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,8 +53,8 @@ class SchedulerEvents:
     """What the frontend hears from the links (all called on the event loop)."""
 
     def on_accepted(self, rid: str) -> None: ...
-    def on_rejected(self, rid: str, code: grpc.StatusCode, message: str) -> None: ...
-    def on_delta(self, delta: detok_pb.RequestDelta) -> None: ...
+    def on_rejected(self, rid: str, failure: Failure) -> None: ...
+    def on_output(self, output: Output) -> None: ...
     def on_lost(self, message: str) -> None: ...
 
 
@@ -72,32 +73,34 @@ class Links:
         self.events = SchedulerEvents()  # replaced by the frontend before `run`
         self._on_ready = on_ready
         self._retry_s = retry_s
-        self._jobs: _Outbox[tok_pb.Job] = _Outbox()
-        # A list: the requests of one Generate call (its n completions), kept in one message.
-        self._submits: _Outbox[list[sched_pb.NewRequest] | str] = _Outbox()  # str: an abort id
-        self._pending_jobs: dict[str, asyncio.Future[tok_pb.JobResult]] = {}
+        self._jobs: _Outbox[Message] = _Outbox()
+        # A list: the requests of one Generate call (its n completions, one group), kept in one
+        # message, since the scheduler takes a group whole only within one (scheduler/groups.py).
+        self._submits: _Outbox[list[Message] | str] = _Outbox()  # str: an abort id
+        self._pending_jobs: dict[str, asyncio.Future[JobResult | Failure]] = {}
         self.model_info: ModelInfo | None = None
         self.ready = False
         self._stubs: tuple[Any, Any, Any] | None = None
         self._health: list[health_pb2_grpc.HealthStub] = []
 
     # -- used by the frontend -------------------------------------------------------------------
-    async def run_job(self, job: tok_pb.Job) -> tok_pb.JobResult:
+    async def run_job(self, job_id: str, job: Message) -> JobResult:
         """Run one tokenizer job (batched with its neighbours); ServiceError on its failure."""
         if not self.ready:
             raise unavailable("the tokenizer is not connected")
-        future: asyncio.Future[tok_pb.JobResult] = asyncio.get_running_loop().create_future()
-        self._pending_jobs[job.job_id] = future
+        future: asyncio.Future[JobResult | Failure] = asyncio.get_running_loop().create_future()
+        self._pending_jobs[job_id] = future
         self._jobs.put(job)
         try:
             result = await future
         finally:
-            self._pending_jobs.pop(job.job_id, None)
-        if result.WhichOneof("result") == "error":
-            raise ServiceError(code_from_number(result.error.code), result.error.message)
+            self._pending_jobs.pop(job_id, None)
+        if isinstance(result, Failure):
+            raise ServiceError(result.code, result.message)
         return result
 
-    def submit(self, requests: list[sched_pb.NewRequest]) -> None:
+    def submit(self, requests: list[Message]) -> None:
+        """Queue the requests of one Generate call; they go out together in one message."""
         self._submits.put(requests)
 
     def abort(self, rid: str) -> None:
@@ -107,11 +110,11 @@ class Links:
     def pending_jobs(self) -> int:
         return len(self._pending_jobs)
 
-    async def scheduler_stats(self) -> sched_pb.GetStatsResponse:
-        return await self._unary(1, "GetStats", sched_pb.GetStatsRequest())
-
-    async def detokenizer_stats(self) -> detok_pb.GetStatsResponse:
-        return await self._unary(2, "GetStats", detok_pb.GetStatsRequest())
+    async def backend_stats(self) -> dict[str, int]:
+        """The scheduler's and the detokenizer's counters (for GetServerInfo)."""
+        sched, detok = convert.stats_requests()
+        return convert.stats_from_pb(*await asyncio.gather(
+            self._unary(1, "GetStats", sched), self._unary(2, "GetStats", detok)))
 
     async def _unary(self, which: int, method: str, request: Any) -> Any:
         if self._stubs is None or not self.ready:
@@ -150,7 +153,7 @@ class Links:
         try:
             info = await self._wait_backends(tok, sched, detok)
             tok_call, sched_call = tok.Process(metadata=self._md), sched.Submit(metadata=self._md)
-            detok_call = detok.Subscribe(detok_pb.SubscribeRequest(), metadata=self._md)
+            detok_call = detok.Subscribe(convert.subscribe_request(), metadata=self._md)
             calls = [tok_call, sched_call, detok_call]
             for call in calls:
                 await call.wait_for_connection()
@@ -187,12 +190,9 @@ class Links:
         while True:
             try:
                 await asyncio.gather(*(rpc.require_serving(stub) for stub in self._health))
-                model = await sched.GetModelInfo(
-                    sched_pb.GetModelInfoRequest(), timeout=5.0, metadata=self._md
-                )
-                tok_info = await tok.GetTokenizerInfo(
-                    tok_pb.GetTokenizerInfoRequest(), timeout=5.0, metadata=self._md
-                )
+                sched_request, tok_request = convert.model_info_requests()
+                model = await sched.GetModelInfo(sched_request, timeout=5.0, metadata=self._md)
+                tok_info = await tok.GetTokenizerInfo(tok_request, timeout=5.0, metadata=self._md)
                 return convert.model_info_from_pb(model, tok_info)
             except (grpc.aio.AioRpcError, rpc.NotServing) as exc:
                 log.debug("backends not ready yet: %s", exc)
@@ -213,36 +213,36 @@ class Links:
 
     async def _pump_jobs(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
-            await call.write(tok_pb.ProcessRequest(jobs=await self._jobs.take_batch()))
+            await call.write(convert.jobs_to_pb(await self._jobs.take_batch()))
 
     async def _read_results(self, call: grpc.aio.StreamStreamCall) -> None:
         async for response in call:
-            for result in response.results:
-                future = self._pending_jobs.get(result.job_id)
+            for job_id, result in convert.job_results_from_pb(response):
+                future = self._pending_jobs.get(job_id)
                 if future is not None and not future.done():
                     future.set_result(result)
 
     async def _pump_submits(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
             batch = await self._submits.take_batch()
-            msg = sched_pb.SubmitRequest(
-                requests=[r for item in batch if not isinstance(item, str) for r in item],
-                abort_ids=[item for item in batch if isinstance(item, str)],
-            )
-            await call.write(msg)
+            await call.write(convert.submit_to_pb(
+                [r for item in batch if not isinstance(item, str) for r in item],
+                [item for item in batch if isinstance(item, str)],
+            ))
 
     async def _read_acks(self, call: grpc.aio.StreamStreamCall) -> None:
         async for response in call:
-            for rid in response.accepted_ids:
+            acks = convert.acks_from_pb(response)
+            for rid in acks.accepted:
                 self.events.on_accepted(rid)
-            for rejection in response.rejected:
-                code = code_from_number(rejection.status.code)
-                self.events.on_rejected(rejection.request_id, code, rejection.status.message)
+            for rid, failure in acks.rejected:
+                self.events.on_rejected(rid, failure)
 
     async def _read_deltas(self, call: grpc.aio.UnaryStreamCall) -> None:
+        on_output = self.events.on_output
         async for response in call:
-            for delta in response.deltas:
-                self.events.on_delta(delta)
+            for output in convert.outputs_from_pb(response):
+                on_output(output)
 
 
 class _Lost(Exception):

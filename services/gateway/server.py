@@ -59,18 +59,19 @@ class GenerateServicer(pb_grpc.GenerateServiceServicer):
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
         ids = await self._frontend.tokenize(convert.tokenize_prompt_from_pb(request))
-        return pb.TokenizeResponse(token_ids=ids)
+        return convert.tokenize_response_to_pb(ids)
 
     async def Detokenize(
         self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.DetokenizeResponse:
-        text = await self._frontend.detokenize(list(request.token_ids), request.skip_special_tokens)
-        return pb.DetokenizeResponse(text=text)
+        text = await self._frontend.detokenize(*convert.detokenize_args_from_pb(request))
+        return convert.detokenize_response_to_pb(text)
 
     async def Abort(
         self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
     ) -> pb.AbortResponse:
-        return pb.AbortResponse(aborted=self._frontend.abort(list(request.request_ids)))
+        aborted = self._frontend.abort(convert.abort_ids_from_pb(request))
+        return convert.abort_response_to_pb(aborted)
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

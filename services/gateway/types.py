@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from radixserve.engine.sampling.params import FinishReason, SamplingParams
@@ -91,3 +91,39 @@ class Failure:
 
     code: grpc.StatusCode
     message: str
+
+
+class Finish(NamedTuple):
+    """How one internal request ended, as the detokenizer reports it."""
+
+    reason: FinishReason
+    stop_string: str | None
+    stop_token_id: int | None
+    completion_tokens: int  # 0 when not counted there
+    cached_tokens: int
+
+
+class Output(NamedTuple):
+    """What the detokenizer made for one internal request since its previous output. One comes per
+    request and engine step (a token each, at full load), so it is a tuple, not a dataclass: it is
+    built once and its lists are handed on to the client's `Delta` as they are."""
+
+    rid: str
+    token_ids: list[int]
+    text: str
+    logprobs: list[Any]  # internal TokenLogprobs messages, converted at the edge
+    finish: Finish | None
+
+
+class JobResult(NamedTuple):
+    """A tokenizer job's answer: the ids of an encoding, or the text of a decoding."""
+
+    token_ids: list[int]
+    text: str
+
+
+class Acks(NamedTuple):
+    """The scheduler's answer to submitted requests: accepted ids, and each refused one's status."""
+
+    accepted: list[str]
+    rejected: list[tuple[str, Failure]]

@@ -24,7 +24,8 @@ from typing import Any
 
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
-from radixserve.services.scheduler.loop import NewRequest, Rejection
+from radixserve.services.scheduler.groups import Refused, partition, refuse
+from radixserve.services.scheduler.types import NewRequest, Rejection
 
 log = logging.getLogger(__name__)
 COMPILE_WORKERS = 2
@@ -35,22 +36,15 @@ Reject = Callable[[Hashable, list[Rejection]], None]
 
 def split(requests: Sequence[NewRequest]) -> tuple[list[NewRequest], list[list[NewRequest]]]:
     """(requests that go to the loop now, constrained groups that compile first). A group with
-    a constrained member compiles as a whole, so its members stay together; order within each
-    part is kept."""
+    a constrained member compiles as a whole (groups.py), so its members stay together; order
+    within each part is kept."""
     now: list[NewRequest] = []
-    groups: dict[str, list[NewRequest]] = {}
     waiting: list[list[NewRequest]] = []
-    constrained = {r.group for r in requests if r.group and r.params.constraint is not None}
-    for req in requests:
-        if req.group and req.group in constrained:
-            if req.group not in groups:
-                groups[req.group] = []
-                waiting.append(groups[req.group])
-            groups[req.group].append(req)
-        elif req.params.constraint is not None:
-            waiting.append([req])
+    for group in partition(requests):
+        if any(req.params.constraint is not None for req in group):
+            waiting.append(group)
         else:
-            now.append(req)
+            now += group
     return now, waiting
 
 
@@ -110,4 +104,4 @@ class GrammarCompiler:
         else:
             log.error("grammar compilation failed", exc_info=exc)
             code, message = grpc.StatusCode.INTERNAL, f"grammar compilation failed: {exc}"
-        self._reject(owner, [Rejection(r.rid, code, message) for _, r in live])
+        self._reject(owner, refuse([r for _, r in live], Refused(code, message)))

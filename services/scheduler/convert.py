@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixserve.engine.detokenize import PROMPT_CONTEXT_IDS
-from radixserve.engine.sampling.params import SamplingParams
+from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
 from radixserve.internal.common.v1 import common_pb2
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
 from radixserve.internal.scheduler.v1 import scheduler_pb2 as pb
 from radixserve.services.common.errors import code_number
-from radixserve.services.scheduler.loop import Acks, NewRequest, StepBatch
+from radixserve.services.scheduler.types import Acks, Incoming, Invalid, NewRequest, StepBatch
 
 _REASONS = {
     "eos": detok_pb.FINISH_REASON_EOS,
@@ -52,6 +52,18 @@ def new_request_from_pb(msg: pb.NewRequest) -> NewRequest:
         passthrough=msg.detokenize,
         group=msg.group_id,
     )
+
+
+def incoming_from_pb(msg: pb.SubmitRequest) -> Incoming:
+    """A request whose fields do not make a valid request becomes an Invalid (refused, with its
+    group, at the door), not an error for the whole message."""
+    requests: list[NewRequest | Invalid] = []
+    for new in msg.requests:
+        try:
+            requests.append(new_request_from_pb(new))
+        except InvalidRequestError as exc:
+            requests.append(Invalid(new.request_id, new.group_id, str(exc)))
+    return Incoming(requests, list(msg.abort_ids))
 
 
 def acks_to_pb(acks: Acks) -> pb.SubmitResponse:
@@ -108,6 +120,11 @@ def step_to_pb(batch: StepBatch) -> detok_pb.ProcessRequest:
         ],
         outputs=[_output_to_pb(out) for out in batch.outputs],
     )
+
+
+def stop_aborts_from_pb(msg: detok_pb.ProcessResponse) -> list[str]:
+    """The requests the detokenizer finished on a stop string, for the engine to abort."""
+    return list(msg.abort_ids)
 
 
 def model_info_to_pb(info: Any) -> pb.GetModelInfoResponse:

@@ -7,9 +7,10 @@ import logging
 from collections.abc import Callable
 
 import grpc
-from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as pb
+from google.protobuf.message import Message
 from radixserve.internal.detokenizer.v1 import detokenizer_pb2_grpc as pb_grpc
 from radixserve.services.common import rpc
+from radixserve.services.scheduler import convert
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,10 @@ class DetokenizerLink:
         self._on_aborts = on_aborts
         self._on_change = on_change
         self._retry_s = retry_s
-        self._outbox: asyncio.Queue[pb.ProcessRequest] = asyncio.Queue()
+        self._outbox: asyncio.Queue[Message] = asyncio.Queue()  # built by convert.step_to_pb
         self.connected = False
 
-    def send(self, msg: pb.ProcessRequest) -> None:
+    def send(self, msg: Message) -> None:
         if self.connected:
             self._outbox.put_nowait(msg)
 
@@ -57,8 +58,9 @@ class DetokenizerLink:
             self._set_connected(True)
             writer = asyncio.create_task(self._write(call))
             async for response in call:
-                if response.abort_ids:
-                    self._on_aborts(list(response.abort_ids))
+                abort_ids = convert.stop_aborts_from_pb(response)
+                if abort_ids:
+                    self._on_aborts(abort_ids)
             log.warning("detokenizer closed the stream")
         except grpc.aio.AioRpcError as exc:
             log.warning("detokenizer stream lost: %s %s", exc.code().name, exc.details())

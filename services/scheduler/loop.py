@@ -17,12 +17,21 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.services.scheduler.groups import Refused, add_whole, partition
+from radixserve.services.scheduler.types import (
+    AbortOwned,
+    Acks,
+    Command,
+    NewRequest,
+    Rejection,
+    StepBatch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,53 +51,6 @@ class EngineLike(Protocol):
     def has_work(self) -> bool: ...
     def stats(self) -> dict[str, Any]: ...
     def check_integrity(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class NewRequest:
-    rid: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    passthrough: Any = None  # detokenizer options, handed back untouched with the setup
-    group: str = ""  # the n completions of one public request share it: added all or none
-    grammar: Any = None  # compiled from params.constraint before submission (compile.py)
-
-
-@dataclass(frozen=True)
-class Submission:
-    """A batch from one gateway stream (`owner`), or aborts from the detokenizer (owner None)."""
-
-    owner: Hashable | None
-    requests: Sequence[NewRequest] = ()
-    abort_ids: Sequence[str] = ()
-
-
-@dataclass(frozen=True)
-class AbortOwned:
-    """Abort everything `owner` submitted (its stream ended); None aborts every request."""
-
-    owner: Hashable | None
-
-
-Command = Submission | AbortOwned
-
-
-class Rejection(NamedTuple):
-    rid: str
-    code: grpc.StatusCode
-    message: str
-
-
-class Acks(NamedTuple):
-    owner: Hashable
-    accepted: list[str]
-    rejected: list[Rejection]
-
-
-class StepBatch(NamedTuple):
-    aborted: list[str]
-    setups: list[NewRequest]
-    outputs: list[Any]  # engine StepOutput
 
 
 class LoopSink(Protocol):
@@ -264,36 +226,35 @@ class EngineLoop:
             for rid in doomed:
                 self._abort(engine, rid, it)
             return
-        for group in _groups(command.requests):
+        for group in partition(command.requests):
             self._add(engine, command.owner, group, it)
         for rid in command.abort_ids:
             self._abort(engine, rid, it)
 
     def _add(self, engine: EngineLike, owner: Hashable, group: list[NewRequest],
              it: _Iteration) -> None:
-        """Add every request of `group` or none: a member that cannot be added (queue full, too
-        big) takes the ones added before it back out, and all get its status. Members after the
-        first see the earlier ones waiting, so a group that does not fit the queue is refused."""
+        """Add `group` whole or refuse it whole (groups.add_whole). Members after the first see
+        the earlier ones waiting, so a group that does not fit the queue is refused."""
         limit = self._config.max_waiting_requests
-        added: list[NewRequest] = []
-        for req in group:
+
+        def add(req: NewRequest) -> None:
+            if limit is not None and self._queued(engine.stats()) >= limit:
+                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"queue full ({limit} waiting requests)")
+            # Later members share the first one's prompt KV instead of computing it again.
+            after = group[0].rid if req is not group[0] else None
             try:
-                if limit is not None and self._queued(engine.stats()) >= limit:
-                    raise _QueueFull(f"queue full ({limit} waiting requests)")
-                # Later members share the first one's prompt KV instead of computing it again.
-                after = group[0].rid if added else None
                 engine.add_request(req.rid, list(req.prompt_ids), req.params, after,
                                    grammar=req.grammar)
-            except (_QueueFull, InvalidRequestError) as exc:
-                for taken in added:  # never announced: nothing but the engine holds them
-                    engine.abort(taken.rid)
-                code = (grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, _QueueFull)
-                        else grpc.StatusCode.INVALID_ARGUMENT)
-                rejected = it.rejected.setdefault(owner, [])
-                rejected.extend(Rejection(r.rid, code, str(exc)) for r in group)
-                return
-            added.append(req)
-        for req in added:
+            except InvalidRequestError as exc:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+
+        # Members taken back were never announced: nothing but the engine holds them.
+        rejected = add_whole(group, add, lambda req: engine.abort(req.rid))
+        if rejected:
+            it.rejected.setdefault(owner, []).extend(rejected)
+            return
+        for req in group:
             self._owner[req.rid] = owner
             it.accepted.setdefault(owner, []).append(req.rid)
             it.setups[req.rid] = req
@@ -313,21 +274,6 @@ class EngineLoop:
         it.setups.pop(rid, None)
         if engine.abort(rid):
             it.aborted.append(rid)
-
-
-class _QueueFull(Exception):
-    pass
-
-
-def _groups(requests: Sequence[NewRequest]) -> list[list[NewRequest]]:
-    """Runs of consecutive requests with the same non-empty group; ungrouped ones alone."""
-    out: list[list[NewRequest]] = []
-    for req in requests:
-        if req.group and out and out[-1][0].group == req.group:
-            out[-1].append(req)
-        else:
-            out.append([req])
-    return out
 
 
 def _warm_up(engine: EngineLike) -> None:

@@ -11,22 +11,22 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
 
 import grpc
-from radixserve.engine.sampling.params import InvalidRequestError
-from radixserve.internal.common.v1 import common_pb2
 from radixserve.internal.scheduler.v1 import scheduler_pb2 as pb
 from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from radixserve.services.common import auth, rpc
-from radixserve.services.common.errors import ErrorInterceptor, code_number, unavailable
+from radixserve.services.common.errors import ErrorInterceptor, unavailable
 from radixserve.services.scheduler import convert
 from radixserve.services.scheduler.compile import GrammarCompiler, split
+from radixserve.services.scheduler.groups import Refused, screen
 from radixserve.services.scheduler.link import DetokenizerLink
-from radixserve.services.scheduler.loop import (
+from radixserve.services.scheduler.loop import EngineLike, EngineLoop, LoopConfig
+from radixserve.services.scheduler.types import (
     AbortOwned,
     Acks,
-    EngineLike,
-    EngineLoop,
-    LoopConfig,
+    Incoming,
+    Invalid,
     NewRequest,
+    Rejection,
     StepBatch,
     Submission,
 )
@@ -154,54 +154,26 @@ class SchedulerApp:
         self.compiler.abort_owned(owner)
         self.loop.submit(AbortOwned(owner))  # nobody is left to read their outputs
 
-    def accept(self, owner: int, msg: pb.SubmitRequest) -> pb.SubmitResponse | None:
-        """Hand a batch to the loop; answer at once the requests that cannot be taken."""
-        rejected: list[pb.Rejection] = []
-        requests = []
-        for new in msg.requests:
-            try:
-                if not self.accepting:
-                    raise _Refused(grpc.StatusCode.UNAVAILABLE, "scheduler is not serving")
-                # no step's wait: docs/reliability.md #15
-                if self.loop.queue_full(held=len(self.compiler)):
-                    raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
-                requests.append(convert.new_request_from_pb(new))
-            except InvalidRequestError as exc:
-                rejected.append(_rejection(new.request_id, grpc.StatusCode.INVALID_ARGUMENT,
-                                           str(exc)))
-            except _Refused as exc:
-                rejected.append(_rejection(new.request_id, exc.code, str(exc)))
-        if rejected and requests:
-            requests = _without_refused_groups(msg, requests, rejected)
+    def accept(self, owner: int, incoming: Incoming) -> list[Rejection]:
+        """Hand a batch to the loop; return the requests that cannot be taken, refused at once
+        with their whole group (groups.screen)."""
+        requests, rejected = screen(incoming.requests, self._admissible)
         requests, constrained = split(requests)
         for group in constrained:  # they reach the loop once their grammar is compiled
             self.compiler.start(owner, group)
-        self.compiler.abort(msg.abort_ids)
-        self.loop.submit(Submission(owner, requests, list(msg.abort_ids)))
-        return pb.SubmitResponse(rejected=rejected) if rejected else None
+        self.compiler.abort(incoming.abort_ids)
+        self.loop.submit(Submission(owner, requests, incoming.abort_ids))
+        return rejected
 
-
-def _without_refused_groups(msg: pb.SubmitRequest, requests: list[NewRequest],
-                            rejected: list[pb.Rejection]) -> list[NewRequest]:
-    """A group is taken whole or refused whole: members of a group with a refused member are
-    refused too (appended to `rejected`, with that member's status); the rest is returned."""
-    group_of = {new.request_id: new.group_id for new in msg.requests if new.group_id}
-    status = {group_of[r.request_id]: r.status for r in rejected if r.request_id in group_of}
-    for req in requests:
-        if req.group in status:
-            rejected.append(pb.Rejection(request_id=req.rid, status=status[req.group]))
-    return [req for req in requests if req.group not in status]
-
-
-class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _rejection(rid: str, code: grpc.StatusCode, message: str) -> pb.Rejection:
-    return pb.Rejection(request_id=rid,
-                        status=common_pb2.Status(code=code_number(code), message=message))
+    def _admissible(self, req: NewRequest | Invalid) -> NewRequest:
+        if not self.accepting:
+            raise Refused(grpc.StatusCode.UNAVAILABLE, "scheduler is not serving")
+        # no step's wait: docs/reliability.md #15
+        if self.loop.queue_full(held=len(self.compiler)):
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
+        if isinstance(req, Invalid):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, req.message)
+        return req
 
 
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
@@ -228,9 +200,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     ) -> None:
         try:
             async for msg in requests:
-                immediate = self._app.accept(owner, msg)
-                if immediate is not None:
-                    outbox.put_nowait(immediate)
+                rejected = self._app.accept(owner, convert.incoming_from_pb(msg))
+                if rejected:
+                    outbox.put_nowait(convert.acks_to_pb(Acks(owner, [], rejected)))
         finally:
             outbox.put_nowait(None)  # the gateway half-closed or went away: end the stream
 

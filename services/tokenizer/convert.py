@@ -31,6 +31,15 @@ def job_from_pb(job: pb.Job) -> JobKind | JobFailure:
     return JobFailure(grpc.StatusCode.INVALID_ARGUMENT, "job has no kind set")
 
 
+def jobs_from_pb(msg: pb.ProcessRequest) -> tuple[list[str], list[JobKind | JobFailure]]:
+    """(job ids, jobs) of one batch, in order; a job without a kind is a JobFailure."""
+    return [job.job_id for job in msg.jobs], [job_from_pb(job) for job in msg.jobs]
+
+
+def results_to_pb(ids: list[str], outcomes: list[JobOutcome]) -> pb.ProcessResponse:
+    return pb.ProcessResponse(results=[result_to_pb(i, out) for i, out in zip(ids, outcomes)])
+
+
 def result_to_pb(job_id: str, outcome: JobOutcome) -> pb.JobResult:
     if isinstance(outcome, JobFailure):
         status = common_pb2.Status(code=code_number(outcome.code), message=outcome.message)

@@ -47,15 +47,12 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
     async def _answer(
         self, request: pb.ProcessRequest, context: grpc.aio.ServicerContext, lock: asyncio.Lock
     ) -> None:
-        ids = [job.job_id for job in request.jobs]
-        jobs = [convert.job_from_pb(job) for job in request.jobs]
+        ids, jobs = convert.jobs_from_pb(request)
         runnable = [job for job in jobs if not isinstance(job, JobFailure)]
         loop = asyncio.get_running_loop()
         done = iter(await loop.run_in_executor(self._pool, self._core.run_batch, runnable))
         outcomes = [job if isinstance(job, JobFailure) else next(done) for job in jobs]
-        response = pb.ProcessResponse(
-            results=[convert.result_to_pb(i, out) for i, out in zip(ids, outcomes)]
-        )
+        response = convert.results_to_pb(ids, outcomes)
         async with lock:
             await context.write(response)
 

@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixserve.engine.core import StepOutput
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
-from radixserve.services.scheduler.loop import Acks, NewRequest, StepBatch
+from radixserve.services.scheduler.types import Acks, NewRequest, StepBatch
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 

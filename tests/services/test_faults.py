@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 from radixserve.engine.sampling.params import SamplingParams
-from radixserve.services.scheduler.loop import EngineLoop, LoopConfig, Submission
+from radixserve.services.scheduler.loop import EngineLoop, LoopConfig
+from radixserve.services.scheduler.types import Submission
 from svc_helpers import FakeEngine, Sink, new, wait_for
 
 

@@ -1,31 +1,28 @@
-"""The gateway's per-stream inbox (`services/gateway/inbox.py`): queued deltas coalesce."""
+"""The gateway's per-stream inbox (`services/gateway/inbox.py`): queued outputs coalesce."""
 
 from __future__ import annotations
 
-from typing import Any
+from radixserve.services.gateway.types import Finish, Output
 
 
-def test_gateway_joins_the_deltas_a_slow_stream_left_queued() -> None:
-    """Deltas that piled up while a stream's writes lagged go out as one message, in order, with
-    nothing lost; a non-delta item (an abort, a failure) is never merged or reordered."""
-    from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
+def _output(ids: list[int], text: str, finish: bool = False) -> Output:
+    done = Finish("length", None, None, 5, 0) if finish else None
+    return Output("r", ids, text, [-float(i) for i in ids], done)
+
+
+def test_gateway_joins_the_outputs_a_slow_stream_left_queued() -> None:
+    """Outputs that piled up while a stream's writes lagged go out as one message, in order, with
+    nothing lost; a non-output item (an abort, a failure) is never merged or reordered."""
     from radixserve.services.gateway.inbox import Aborted, coalesce
 
-    def delta(ids: list[int], text: str, finish: bool = False) -> Any:
-        d = detok_pb.RequestDelta(request_id="r", token_ids=ids, text=text,
-                                  logprobs=[detok_pb.TokenLogprobs(logprob=-float(i)) for i in ids])
-        if finish:
-            d.finish.completion_tokens = 5
-        return d
-
     aborted = Aborted()
-    out = coalesce([delta([1], "a"), delta([2, 3], "bc"), aborted, delta([4], "d"),
-                    delta([5], "é", finish=True), delta([6], "x")])
+    out = coalesce([_output([1], "a"), _output([2, 3], "bc"), aborted, _output([4], "d"),
+                    _output([5], "é", finish=True), _output([6], "x")])
     assert len(out) == 4 and out[1] is aborted
     first, last = out[0], out[2]
-    assert list(first.token_ids) == [1, 2, 3] and first.text == "abc"
-    assert not first.HasField("finish")
-    assert [lp.logprob for lp in first.logprobs] == [-1.0, -2.0, -3.0]
-    assert list(last.token_ids) == [4, 5] and last.text == "dé"
-    assert last.finish.completion_tokens == 5
-    assert list(out[3].token_ids) == [6]  # nothing joins a delta after a finish
+    assert isinstance(first, Output) and isinstance(last, Output)
+    assert first.token_ids == [1, 2, 3] and first.text == "abc" and first.finish is None
+    assert first.logprobs == [-1.0, -2.0, -3.0]
+    assert last.token_ids == [4, 5] and last.text == "dé"
+    assert last.finish is not None and last.finish.completion_tokens == 5
+    assert out[3].token_ids == [6]  # type: ignore[union-attr]  # nothing joins after a finish

@@ -9,7 +9,8 @@ from typing import Any
 
 import grpc
 import pytest
-from radixserve.services.scheduler.loop import AbortOwned, Acks, EngineLoop, LoopConfig, Submission
+from radixserve.services.scheduler.loop import EngineLoop, LoopConfig
+from radixserve.services.scheduler.types import AbortOwned, Acks, Submission
 from svc_helpers import FakeEngine, Sink, new, wait_for
 
 
@@ -94,6 +95,37 @@ def test_loop_group_is_added_whole_or_refused_whole() -> None:
     wait_for(lambda: len(sink.acks) == 3)
     assert sink.acks[2].accepted == ["u0", "u1"]
     assert [r.rid for r in sink.acks[2].rejected] == ["u2"]
+    lp.stop(5)
+
+
+def test_loop_group_needs_room_for_every_member() -> None:
+    """Free request slots count as room: with two free slots and a queue of one, a group of four
+    is refused whole and a group of three runs whole. A member the engine refuses (one that could
+    never fit the KV pool) refuses its group with INVALID_ARGUMENT, the one before it taken back."""
+    engine, sink = FakeEngine(step_delay_s=0.02, reject_token=9), Sink()
+    stats = lambda: {"waiting_requests": len(engine.reqs), "running_requests": 0}
+    engine.stats = stats  # type: ignore[method-assign]
+    config = LoopConfig(warmup=False, max_waiting_requests=1, max_running_requests=2)
+    lp = EngineLoop(lambda: engine, sink, config)
+    lp.start()
+    grouped = lambda name, k: [dataclasses.replace(new(f"{name}{i}", 2), group=name)
+                               for i in range(k)]
+    lp.submit(Submission("gw", grouped("f", 4)))
+    wait_for(lambda: sink.acks)
+    assert sink.acks[0].accepted == [] and len(sink.acks[0].rejected) == 4
+    assert {r.code for r in sink.acks[0].rejected} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert not engine.reqs and sorted(engine.aborted) == ["f0", "f1", "f2"]
+    lp.submit(Submission("gw", grouped("t", 3)))
+    wait_for(lambda: len(sink.acks) == 2)
+    assert sink.acks[1].accepted == ["t0", "t1", "t2"]
+    wait_for(lambda: not engine.reqs)
+    bad = grouped("b", 2)
+    bad[1] = dataclasses.replace(bad[1], prompt_ids=[9])
+    lp.submit(Submission("gw", bad))
+    wait_for(lambda: len(sink.acks) == 3)
+    assert [(r.rid, r.code) for r in sink.acks[2].rejected] == [
+        ("b0", grpc.StatusCode.INVALID_ARGUMENT), ("b1", grpc.StatusCode.INVALID_ARGUMENT)]
+    assert "b0" in engine.aborted and not engine.reqs and lp.live_requests == 0
     lp.stop(5)
 
 

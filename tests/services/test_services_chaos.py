@@ -132,12 +132,8 @@ def test_gil_hang_escapes_the_in_process_watchdog() -> None:
         from svc_helpers import FakeEngine
         from radixserve.engine.sampling.params import SamplingParams
         from radixserve.services.scheduler import faults
-        from radixserve.services.scheduler.loop import (
-            EngineLoop,
-            LoopConfig,
-            NewRequest,
-            Submission,
-        )
+        from radixserve.services.scheduler.loop import EngineLoop, LoopConfig
+        from radixserve.services.scheduler.types import NewRequest, Submission
 
         class Sink:
             def __getattr__(self, name):

@@ -1,9 +1,10 @@
-"""Source gates: line budgets (docs/conventions.md #3, the one checker in tools/line_budget.py), and
-no unsafe deserialization in any shipped source: engine/, services/, native/, clients/
-(docs/reliability.md #27)."""
+"""Source gates: line budgets (docs/conventions.md #3, the one checker in tools/line_budget.py), one
+protobuf seam per service (docs/conventions.md #2), and no unsafe deserialization in any shipped
+source: engine/, services/, native/, clients/ (docs/reliability.md #27)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 from pathlib import Path
@@ -36,6 +37,40 @@ def test_line_budget_rules() -> None:
     assert line_budget.budget(ROOT / "engine" / "core.py", ROOT) == 300
     assert line_budget.budget(ROOT / "bench" / "anything.py", ROOT) == 450
     assert not line_budget.over_budget(ROOT)
+
+
+def _message_modules(tree: ast.Module) -> set[str]:
+    """Names a module binds to generated message modules (`*_pb2`; stubs, `*_pb2_grpc`, are
+    transport and not counted)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name.endswith("_pb2") or (node.module or "").endswith("_pb2"):
+                    names.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            names |= {a.asname or a.name for a in node.names if a.name.endswith("_pb2")}
+    return names
+
+
+@pytest.mark.parametrize("service", ["gateway", "scheduler", "tokenizer", "detokenizer"])
+def test_protobuf_meets_domain_types_only_in_convert(service: str) -> None:
+    """Each service's convert.py is its one seam: no other module imports a message module,
+    except server.py, whose servicer signatures name the messages; it builds none itself."""
+    for path in sorted((ROOT / "services" / service).glob("*.py")):
+        if path.name == "convert.py":
+            continue
+        tree = ast.parse(path.read_text())
+        modules = _message_modules(tree)
+        if path.name != "server.py":
+            assert not modules, f"{path.relative_to(ROOT)} imports {sorted(modules)}"
+            continue
+        built = [
+            f"line {node.lineno}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id in modules
+        ]
+        assert not built, f"{path.relative_to(ROOT)} builds messages itself: {built}"
 
 
 GATED = ("engine", "services", "native", "clients")  # everything that ships

@@ -16,7 +16,8 @@ from radixserve.services.common.errors import ServiceError
 from radixserve.services.gateway import convert as gw_convert
 from radixserve.services.scheduler import convert as sched_convert
 from radixserve.services.scheduler.compile import GrammarCompiler, split
-from radixserve.services.scheduler.loop import EngineLoop, LoopConfig, NewRequest
+from radixserve.services.scheduler.loop import EngineLoop, LoopConfig
+from radixserve.services.scheduler.types import NewRequest
 from radixserve.v1 import generate_pb2 as pb
 from svc_helpers import (
     FakeEngine,
