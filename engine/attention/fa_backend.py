@@ -3,14 +3,14 @@
 FA3's `flash_attn_with_kvcache` reads the paged pool through a page table at any page size, for
 prefill (ragged queries via cu_seqlens_q) and decode alike; decode runs in CUDA graphs.
 
-flash-attn 2 reads a paged pool only in pages of a multiple of 256 tokens. Its prefill gathers
-each request's K/V into one contiguous run per layer and calls `flash_attn_varlen_func`; at page
-sizes of a multiple of 256 (`--page-size 256`) decode is `flash_attn_with_kvcache` with a block
-table and runs in CUDA graphs. At any other page size decode gathers too and runs eagerly; the
-engine logs a warning at start naming page size 256. It serves rather than refuses because the
-results are the same and `fa,flashinfer` (FA2 prefill, FlashInfer decode in CUDA graphs) is sound
-at any page size: the copy of each request's context per layer costs prefill little and decode
-most.
+flash-attn 2 reads a paged pool only in pages of a multiple of 256 tokens. At such page sizes
+(`--page-size 256`) prefill is `flash_attn_varlen_func` with a block table, decode
+`flash_attn_with_kvcache` with one, and decode runs in CUDA graphs. At any other page size it still
+serves every step, but copies each request's K/V out of the pool into one contiguous run per layer
+(`flash_attn_varlen_func` for prefill and decode alike) and decodes eagerly; the engine logs a
+warning at start naming page size 256. It serves rather than refuses because the results are the
+same and `fa,flashinfer` (FA2 prefill, FlashInfer decode in CUDA graphs) is sound at any page size:
+the copy of each request's context per layer costs prefill little and decode most.
 
 Causal masks align queries with the end of their request's keys, as StepLayout does.
 """
@@ -66,7 +66,7 @@ class FAMetadata(AttentionMetadata):
     max_k: int
     block_table: torch.Tensor | None  # (B, max_pages) int32 page ids (paged path)
     kv_loc: torch.Tensor | None  # (sum seq_lens,) KV locations, request after request (gather path)
-    cu_k: torch.Tensor | None  # (B + 1,) int32 cumulative keys per request (gather path)
+    cu_k: torch.Tensor | None  # (B + 1,) int32 cumulative keys per request (varlen calls)
     decode: bool
 
 
@@ -97,8 +97,8 @@ class FlashAttentionBackend(AttentionBackend):
         ext = layout.extend_lens
         decode = layout.is_decode
         seqlens = torch.tensor(seq, dtype=torch.int32).to(dev, non_blocking=True)
-        block_table = kv_loc = cu_k = None
-        if self._paged(P) and (decode or self.api.version == 3):
+        block_table = kv_loc = None
+        if self._paged(P):
             max_pages = -(-max(seq) // P)
             pages = layout.page_table[layout.slots, : max_pages * P : P]
             block_table = (pages // P).to(torch.int32)
@@ -110,7 +110,8 @@ class FlashAttentionBackend(AttentionBackend):
             starts = (torch.cumsum(lens, 0) - lens).to(dev, non_blocking=True)
             first = torch.repeat_interleave(starts, lens_d, output_size=n)
             kv_loc = layout.page_table[rows, torch.arange(n, device=dev) - first]
-            cu_k = _cu(seq, dev)
+        varlen = kv_loc is not None or (self.api.version == 2 and not decode)
+        cu_k = _cu(seq, dev) if varlen else None
         return FAMetadata(layout.out_loc, _cu(ext, dev), max(ext), seqlens, max(seq), block_table,
                           kv_loc, cu_k, decode)
 
@@ -131,11 +132,16 @@ class FlashAttentionBackend(AttentionBackend):
                                         max_seqlen_q=meta.max_q, softmax_scale=self.scale,
                                         causal=True)
             return out[0] if isinstance(out, tuple) else out
-        assert meta.decode, "flash-attn 2 pages only decode steps"
-        out = self.api.with_kvcache(q.unsqueeze(1), k_pages, v_pages, cache_seqlens=meta.seqlens,
-                                    block_table=meta.block_table, softmax_scale=self.scale,
-                                    causal=True)
-        return out.squeeze(1)  # (B, 1, nh, hd) -> (B, nh, hd)
+        if meta.decode:
+            out = self.api.with_kvcache(q.unsqueeze(1), k_pages, v_pages,
+                                        cache_seqlens=meta.seqlens, block_table=meta.block_table,
+                                        softmax_scale=self.scale, causal=True)
+            return out.squeeze(1)  # (B, 1, nh, hd) -> (B, nh, hd)
+        # Ragged queries over each request's pages: with a block table, cu_k counts keys only;
+        # request i's key j sits at page block_table[i, j // P], slot j % P.
+        assert meta.cu_k is not None
+        return self.api.varlen(q, k_pages, v_pages, meta.cu_q, meta.cu_k, meta.max_q, meta.max_k,
+                               softmax_scale=self.scale, causal=True, block_table=meta.block_table)
 
     # -- CUDA graphs: static block table and lengths, rewritten before each replay --------------
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,

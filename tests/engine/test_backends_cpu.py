@@ -5,6 +5,7 @@ what each backend states about page sizes and CUDA graphs, as the engine reads i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -13,11 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from attention_cases import LAYER, check_store, make_case, reference, rel_error
-from radixserve.engine.attention import create_backend, resolve_backend_name
+from attention_cases import LAYER, LAYERS, check_store, make_case, reference, rel_error
+from radixserve.engine.attention import StepLayout, create_backend, resolve_backend_name
 from radixserve.engine.attention.base import page_indices, pages_per_request
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.cuda_graph import graph_batch_sizes
+from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.model_runner import ModelRunner
 
 CPU = torch.device("cpu")
@@ -71,16 +73,36 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return torch.einsum("hqk,khd->qhd", s.softmax(-1), v).to(q.dtype)
 
 
-def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False, **_):
+def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False, block_table=None,
+            **_):
+    """Request i's queries are q[cu_q[i]:cu_q[i + 1]]. Without block_table its keys are rows
+    cu_k[i]:cu_k[i + 1] of k and v (total_k, nkv, hd). With one (flash-attn 2), k and v are pages
+    (num_blocks, block_size, nkv, hd), block_size a multiple of 256, and cu_k only counts keys:
+    request i's key j sits at page block_table[i, j // block_size], slot j % block_size."""
     assert causal and q.dtype == k.dtype
-    outs = [_attend(q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]],
-                    softmax_scale)
-            for i in range(len(cu_q) - 1)]
-    return torch.cat(outs)
+    B = len(cu_q) - 1
+    q_lens, k_lens = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_k[1:] - cu_k[:-1]).tolist()
+    assert len(k_lens) == B and max(q_lens) <= max_q and max(k_lens) <= max_k
+    if block_table is None:
+        assert k.dim() == 3 and v.shape == k.shape
+        keys = [(k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]]) for i in range(B)]
+    else:
+        assert k.dim() == 4 and v.shape == k.shape and k.size(1) % 256 == 0
+        assert block_table.dtype == torch.int32 and block_table.size(0) == B
+        assert block_table.stride(-1) == 1
+        keys = [(_paged_keys(k, block_table[i], n), _paged_keys(v, block_table[i], n))
+                for i, n in enumerate(k_lens)]
+    return torch.cat([_attend(q[cu_q[i] : cu_q[i + 1]], *keys[i], softmax_scale) for i in range(B)])
+
+
+def _varlen_fa3(*args, **kwargs):
+    assert "block_table" not in kwargs, "flash-attn 3's varlen call takes no block table"
+    return _varlen(*args, **kwargs)
 
 
 def _paged_keys(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:
     P = cache.size(1)
+    assert table_row.numel() >= -(-n // P), "the block table must cover every key"
     pages = table_row[: -(-n // P)].long()
     return cache[pages].reshape(-1, cache.size(2), cache.size(3))[:n]
 
@@ -109,7 +131,7 @@ def _install_flash_attn(monkeypatch: pytest.MonkeyPatch, version: int) -> None:
 
     name = "flash_attn" if version == 2 else "flash_attn_interface"
     module = types.ModuleType(name)
-    module.flash_attn_varlen_func = _varlen
+    module.flash_attn_varlen_func = _varlen if version == 2 else _varlen_fa3
     module.flash_attn_with_kvcache = _with_kvcache_fa2 if version == 2 else _with_kvcache_fa3
     for other in ("flash_attn", "flash_attn_interface", "sgl_kernel", "sgl_kernel.flash_attn"):
         monkeypatch.setitem(sys.modules, other, None)  # None makes import fail: only ours is seen
@@ -168,6 +190,42 @@ def test_fa_graph_metadata_decode(fake_flash_attn, page_size):
     assert rel_error(out[:3], reference(case, HD**-0.5)) < 1e-5
 
 
+def _repaged(case, page_size: int):
+    """The same step with every request's context moved into shuffled pages of `page_size`."""
+    lay, P = case.layout, page_size
+    need = sum(-(-s // P) for s in case.seq_lens)
+    order = torch.randperm(need + 1, generator=torch.Generator().manual_seed(0))
+    table = torch.zeros(lay.page_table.size(0), -(-max(case.seq_lens) // P) * P, dtype=torch.int64)
+    pool = KVCachePool(LAYERS, need + 1, P, NKV, HD, torch.float32, CPU)
+    used = 0
+    for slot, s in zip(case.slots, case.seq_lens):
+        n = -(-s // P)
+        table[slot, : n * P] = (order[used : used + n, None] * P + torch.arange(P)).flatten()
+        used += n
+        pool.k[:, table[slot, :s]] = case.pool.k[:, lay.page_table[slot, :s]]
+        pool.v[:, table[slot, :s]] = case.pool.v[:, lay.page_table[slot, :s]]
+    out_loc = torch.cat([table[s, p:e] for s, p, e in zip(case.slots, case.prefix_lens,
+                                                           case.seq_lens)])
+    layout = StepLayout(lay.slots, case.prefix_lens, case.seq_lens, out_loc, table, P)
+    return dataclasses.replace(case, layout=layout, pool=pool, spare_page=int(order[need]))
+
+
+@pytest.mark.parametrize("kind", ["prefill", "chunked", "mixed"])
+def test_fa2_prefill_reads_pages_of_256_and_gathers_smaller_ones(fake_fa2, kind):
+    b = create_backend("fa", NH, NKV, HD, CPU, torch.float32)
+    paged = make_case(kind, 5, 256, NH, NKV, HD, torch.float32, CPU, seed=31)
+    gathered = _repaged(paged, 16)
+    outs = []
+    for case in (paged, gathered):
+        meta = b.prepare(case.layout)
+        # page 256: one varlen call over the pool's pages; page 16: K/V copied out per request
+        assert (meta.block_table is not None, meta.kv_loc is None) == ((case is paged,) * 2)
+        outs.append(b.forward(case.q, case.k, case.v, LAYER, meta, case.pool))
+        check_store(case)
+    assert rel_error(outs[0], reference(paged, HD**-0.5)) < 1e-5
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+
+
 def test_fa_states_graph_support_per_page_size(fake_flash_attn):
     b = create_backend("fa", NH, NKV, HD, CPU, torch.float32)
     assert b.name == "fa"
@@ -190,6 +248,17 @@ def test_hybrid_graphs_follow_its_decode_backend(fake_fa2):
     for hybrid in (fa_prefill, fa_decode):  # fa's note whatever its role
         assert hybrid.check_page_size(256) == ""
         assert "--page-size 256" in hybrid.check_page_size(16)
+
+
+@pytest.mark.parametrize("backend", ["fa,torch", "torch,fa"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_fa2_hybrids_match_float64(fake_fa2, backend, kind, page_size):
+    b = create_backend(backend, NH, NKV, HD, CPU, torch.float32)
+    case = make_case(kind, 5, page_size, NH, NKV, HD, torch.float32, CPU, seed=41)
+    out = b.forward(case.q, case.k, case.v, LAYER, b.prepare(case.layout), case.pool)
+    assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
+    check_store(case)
 
 
 def _graph_sizes(backend, page_size: int) -> list[int]:
