@@ -27,7 +27,7 @@ def run_one(model_dir: Path, args: argparse.Namespace, chunk: int) -> dict[str, 
     arrivals = [0] * len(shorts) + [args.long_every * (i + 1) for i in range(len(longs))]
     core = build_core(model_dir, max_prefill_tokens=chunk,
                       max_running_requests=args.num_short + args.num_long,
-                      attention_backend=args.attention_backend)
+                      attention_backend=args.attention_backend, page_size=args.page_size)
     try:
         drive(core, shorts[:2], prefix="w")  # warm-up
         run = drive(core, shorts + longs, arrivals)
@@ -56,14 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--long-every", type=int, default=24, help="steps between long arrivals")
     ap.add_argument("--chunk", type=int, default=2048, help="max_prefill_tokens with chunking on")
     ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--json")
     return ap
 
 
-def main_args(long_len: int) -> argparse.Namespace:
-    """The default workload with another long-prompt length (for the suite)."""
+def main_args(long_len: int, engine: argparse.Namespace | None = None) -> argparse.Namespace:
+    """The default workload with another long-prompt length (for the suite), on the attention
+    backend and page size of `engine` where given."""
     args = build_parser().parse_args([])
     args.long_len = long_len
+    if engine is not None:
+        args.attention_backend, args.page_size = engine.attention_backend, engine.page_size
     return args
 
 

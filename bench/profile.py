@@ -10,6 +10,7 @@ per step (device busy time), so host and device can be set side by side.
 the top kernels by self device time, the host time of the forward launch and the step's wall time,
 then the same step timed 3 more times without the profiler, so its overhead can be told apart.
 On a CPU the ops are the kernels: their self CPU time stands in for device time.
+--attention-backend and --page-size set the engine's (to profile a prefill step on each backend).
 """
 
 from __future__ import annotations
@@ -242,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="also profile this many steps with torch.profiler")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-cuda-graph", action="store_true")
+    ap.add_argument("--attention-backend", default="auto", help="as `radixserve serve` takes it")
+    ap.add_argument("--page-size", type=int, default=16)
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--offline", action="store_true", help="profile the offline workload instead")
     mode.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
@@ -256,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     slots = max(*batches, PREFILL_REQUESTS) if args.prefill else max(batches)
     core = build_core(write_model_dir(args.model, args.root), device=args.device,
                       max_running_requests=slots,
-                      cuda_graph=not args.no_cuda_graph, max_prefill_tokens=max(8192, args.prefill))
+                      cuda_graph=not args.no_cuda_graph, max_prefill_tokens=max(8192, args.prefill),
+                      attention_backend=args.attention_backend, page_size=args.page_size)
     kernels: list[dict[str, Any]] = []
     title = f"decode step profile (medians): {args.model} on {device_name(args.device)}"
     try:

@@ -4,8 +4,8 @@ Parts (comma-separated --parts): latency (batch-1 decode, graphs and eager), off
 workload of docs/benchmarks.md, "Workloads", through EngineCore with token ids, overlap on),
 no_overlap (the same, overlap off), offline_llm (the same through LLM.generate, which also
 detokenizes every token), hf (transformers generate: batch-1 latency and a small batched run, with
-the engine on that same small workload), prefix, long. Every result row is appended to --out as one
-JSON line.
+the engine on that same small workload), prefix, long. --attention-backend and --page-size go to
+every engine the parts build. Every result row is appended to --out as one JSON line.
 """
 
 from __future__ import annotations
@@ -27,6 +27,14 @@ from radixserve.engine.sampling.params import SamplingParams
 OFFLINE = dict(num=256, in_range=(100, 1024), out_range=(100, 1024), seed=0, temperature=0.6)
 
 
+def engine_flags(a: argparse.Namespace, kv_tokens: int | None = None) -> dict[str, Any]:
+    """The engine settings every part shares; `kv_tokens` sizes a fixed pool in tokens."""
+    flags: dict[str, Any] = {"attention_backend": a.attention_backend, "page_size": a.page_size}
+    if kv_tokens is not None:
+        flags["num_pages"] = max(2, kv_tokens // a.page_size)
+    return flags
+
+
 def offline_requests(vocab: int) -> list[tuple[list[int], SamplingParams]]:
     from radixserve.bench.offline import make_requests
 
@@ -39,12 +47,13 @@ def offline_requests(vocab: int) -> list[tuple[list[int], SamplingParams]]:
 
 def part_offline(path: Path, a: argparse.Namespace, overlap: bool = True) -> list[dict[str, Any]]:
     core = build_core(path, max_running_requests=a.max_running, max_prefill_tokens=a.max_prefill,
-                      overlap=overlap)
+                      overlap=overlap, **engine_flags(a))
     try:
         reqs = offline_requests(core.model_info.vocab_size)
         drive(core, reqs[:4], prefix="w")
         run = drive(core, reqs)
-        return [{"part": "offline", "overlap": overlap, "output_tokens": run.output_tokens,
+        return [{"part": "offline", "backend": core.runner.backend.name, "overlap": overlap,
+                 "graphs": core.runner.graphs is not None, "output_tokens": run.output_tokens,
                  "wall_s": run.wall_s,
                  "output_tok_s": run.output_tokens / run.wall_s, "num_pages": core.runner.num_pages,
                  "graph_mib": core.runner.graph_bytes / 2**20}]
@@ -57,7 +66,7 @@ def part_offline_llm(path: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
     from radixserve.engine.llm import LLM
 
     llm = LLM(str(path), load_format="dummy", max_running_requests=a.max_running,
-              max_prefill_tokens=a.max_prefill)
+              max_prefill_tokens=a.max_prefill, **engine_flags(a))
     try:
         reqs = make_requests(OFFLINE["num"], OFFLINE["in_range"], OFFLINE["out_range"], 10000,
                              OFFLINE["seed"])
@@ -84,7 +93,7 @@ def part_hf(path: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
         hf_s = time.perf_counter() - t
     del model
     release(None)
-    core = build_core(path, max_running_requests=batch, num_pages=8192)
+    core = build_core(path, max_running_requests=batch, **engine_flags(a, kv_tokens=131072))
     try:
         reqs = [(p.tolist(), SamplingParams(temperature=0, max_new_tokens=new, ignore_eos=True))
                 for p in prompts]
@@ -100,10 +109,11 @@ def part_hf(path: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
 
 PARTS: dict[str, Callable[[Path, argparse.Namespace], list[dict[str, Any]]]] = {
     "latency": lambda p, a: [{"part": "latency",
-                              **latency.engine_latency(p, 1, 128, 256, num_pages=4096)},
+                              **latency.engine_latency(p, 1, 128, 256,
+                                                       **engine_flags(a, kv_tokens=65536))},
                              {"part": "latency",
-                              **latency.engine_latency(p, 1, 128, 48, num_pages=4096,
-                                                                          cuda_graph=False)}],
+                              **latency.engine_latency(p, 1, 128, 48, cuda_graph=False,
+                                                       **engine_flags(a, kv_tokens=65536))}],
     "offline": part_offline,
     "no_overlap": lambda p, a: part_offline(p, a, overlap=False),
     "offline_llm": part_offline_llm,
@@ -112,9 +122,10 @@ PARTS: dict[str, Callable[[Path, argparse.Namespace], list[dict[str, Any]]]] = {
                              **prefix.run_one(p, prefix.make_requests(a.prefix_groups, 16, 2048,
                                                                       128, 256),
                                               cache, max_running_requests=a.max_running,
-                                              max_prefill_tokens=a.max_prefill)}
+                                              max_prefill_tokens=a.max_prefill,
+                                              **engine_flags(a))}
                             for cache in ("radix", "naive")],
-    "long": lambda p, a: [{"part": "long", **long.run_one(p, long.main_args(a.long_len), chunk)}
+    "long": lambda p, a: [{"part": "long", **long.run_one(p, long.main_args(a.long_len, a), chunk)}
                           for chunk in (2048, a.long_len + 128)],
 }
 
@@ -128,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-prefill", type=int, default=8192)
     ap.add_argument("--prefix-groups", type=int, default=64)
     ap.add_argument("--long-len", type=int, default=16384)
+    ap.add_argument("--attention-backend", default="auto", help="as `radixserve serve` takes it")
+    ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--out", default="suite.jsonl")
     a = ap.parse_args(argv)
     path = write_model_dir(a.model, a.root)
@@ -143,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         for row in got:
             row = {"model": a.model, "device": device_name("auto"),
                    "date": time.strftime("%Y-%m-%d %H:%M"),
+                   "attention_backend": a.attention_backend, "page_size": a.page_size,
                    "part_s": round(time.perf_counter() - start, 1), **row}
             rows.append(row)
             with open(a.out, "a") as f:
