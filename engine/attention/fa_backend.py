@@ -147,8 +147,8 @@ class FlashAttentionBackend(AttentionBackend):
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int) -> None:
         if not self._paged(page_size):
-            raise NotImplementedError(f"flash-attn 2 decodes from the paged pool only when "
-                                      f"page_size % {FA2_PAGE} == 0")
+            raise NotImplementedError("flash-attn 2 decodes from the paged pool only when "
+                                     f"page_size % {FA2_PAGE} == 0")
         dev = self.device
         self._dummy_page = dummy_page
         self._graph = {
