@@ -3,9 +3,15 @@
 # with the FlashInfer wheels in .whl/ (and, if an earlier run returned it, its JIT cache in .ficache/).
 # The services also need grpcio-health-checking and grpcio-reflection wheels there (and grpcio /
 # protobuf at the versions the committed stubs were generated with); carry native/_prefix.abi3.so
-# (with a cffi wheel in .whl/) for the C++ radix tree, else the Python twin runs.
+# (with a cffi wheel in .whl/) for the C++ radix tree, else the Python twin runs. .fa/fa_pkg.tgz, where
+# present, holds a flash-attn build (the folder fa_pkg/: the flash_attn package and its extension),
+# unpacked to /tmp and put first on PYTHONPATH; without it the `fa` backend's tests skip.
 #   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
-#                                        pieces-8b, long-curve, serving, serving-8b
+#                                        pieces-8b, long-curve, serving, serving-8b, fa
+#   fa: the fa and fa,flashinfer GPU tests, prefill attention of each backend (bench kernels
+#   --parts attention_prefill), and the offline workload (qwen3-0.6b) on flashinfer, fa and
+#   fa,flashinfer at pages of 256. A prefill profile on one backend, for instance:
+#   bench:profile:--model:qwen3-0.6b:--prefill:8192:--engine:attention_backend=fa:--engine:page_size=256
 # Results: $OUT/log.txt (everything), $OUT/results.jsonl (one JSON line per figure).
 set -u
 OUT=${OUT:-/tmp/gpu-out}
@@ -21,13 +27,17 @@ for pair in engine:engine native:native services:services bench:bench client:cli
   ln -sfn "$PWD/${pair#*:}" "$SHIM/${pair%%:*}"
 done
 export PYTHONPATH=/tmp/shim:/tmp/site
+if [ -f .fa/fa_pkg.tgz ]; then  # a flash-attn build: fa_pkg/flash_attn and flash_attn_2_cuda*.so
+  tar xzf .fa/fa_pkg.tgz -C /tmp && export PYTHONPATH=/tmp/fa_pkg:$PYTHONPATH
+fi
 FI_HOME="$HOME/.cache/flashinfer"
 if ls .ficache/fi.tgz.part* >/dev/null 2>&1; then
   cat .ficache/fi.tgz.part* | tar xzf - -C "$HOME" && find "$FI_HOME" -path '*cached_ops*' -type f -exec touch -d '+2 hours' {} +
   echo "restored flashinfer JIT cache: $(du -sh "$FI_HOME" | cut -f1)" | tee -a "$LOG"
 fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv;
-  python3 -c "import torch, triton, flashinfer, transformers as t; print('torch', torch.__version__, 'triton', triton.__version__, 'flashinfer', flashinfer.__version__, 'transformers', t.__version__)"; } 2>&1 | tee -a "$LOG"
+  python3 -c "import torch, triton, flashinfer, transformers as t; print('torch', torch.__version__, 'triton', triton.__version__, 'flashinfer', flashinfer.__version__, 'transformers', t.__version__)";
+  python3 -c "import flash_attn; print('flash_attn', flash_attn.__version__)" 2>/dev/null || echo "flash_attn: not installed"; } 2>&1 | tee -a "$LOG"
 
 stage() {  # stage NAME SECONDS CMD...: one stage's failure or timeout never stops the next
   local name=$1 secs=$2; shift 2
@@ -89,6 +99,14 @@ for s in "$@"; do
     small) stage small 300 "${SUITE[@]}" --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
     big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline,no_overlap ;;
     extra) stage extra 400 "${SUITE[@]}" --model qwen3-0.6b --parts prefix,long,hf ;;
+    fa) stage fa-tests 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE -k fa \
+          tests/engine/test_backends_gpu.py tests/engine/test_engine_gpu.py  # ids naming fa
+        stage fa-kernels 60 python3 -m radixserve.bench.kernels --parts attention_prefill \
+          --out "$OUT/results.jsonl"
+        for b in flashinfer fa fa,flashinfer; do
+          stage "fa-offline $b" 60 "${SUITE[@]}" --model qwen3-0.6b --parts offline \
+            --engine attention_backend="$b" --engine page_size=256
+        done ;;
     bench:*) b=${s#bench:}; stage "$s" 300 python3 -m radixserve.bench.${b//:/ } ;;  # e.g. "bench:profile:--model:tiny"
     py:*) b=${s#py:}; stage "$s" 580 python3 -m ${b//:/ } ;;  # any module, e.g. "py:radixserve.bench.soak:--clients:1000"
     *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"

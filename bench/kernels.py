@@ -1,13 +1,15 @@
 """Kernel micro-benchmarks on the GPU: the two ceilings (copy bandwidth, bf16 matmul rate), the
 fused KV store against two index_copy_ calls, FlashInfer paged decode (through our backend, and
-the bare wrapper under different plan options) and the small-batch GEMV. Medians of
-triton.testing.do_bench; inputs random, rotated over several buffers where caches could help."""
+the bare wrapper under different plan options), the small-batch GEMV, and prefill attention of
+each backend side by side (attention_prefill). Medians of triton.testing.do_bench, or of CUDA
+events; inputs random, rotated over several buffers where caches could help."""
 
 from __future__ import annotations
 
 import argparse
 import inspect
 import json
+import statistics
 import time
 from typing import Any
 
@@ -199,13 +201,78 @@ def _graphed_us(fn: Any, weights: list[torch.Tensor]) -> float:
     return _bench(graph.replay) * 1e3 / len(weights)
 
 
+# (model, num_heads, num_kv_heads), head_dim 128: the attention of Qwen3-0.6B and Qwen3-8B
+PREFILL_SHAPES = [("qwen3-0.6b", 16, 8), ("qwen3-8b", 32, 8)]
+PREFILL_PROMPTS = [[8192], [2048] * 4]  # fresh prompts' lengths, one prefill step each
+# (column, backend, page size): both backends read pages of 256; "fa_p16" shows flash-attn 2's
+# gather below 256 (flash-attn 3 pages there too)
+PREFILL_RUNS = [("flashinfer", "flashinfer", 256), ("fa", "fa", 256), ("fa_p16", "fa", 16)]
+
+
+def attention_prefill() -> list[dict[str, Any]]:
+    """The attention call alone (`attend`, planned once by `prepare`; the KV store excluded) of one
+    prefill step of fresh prompts, bf16, causal: each backend installed, side by side. ms is the
+    median of 20 CUDA-event-timed calls; TFLOP/s counts the causal half of QK^T and PV,
+    2 * nh * hd * sum(L^2). `fa_vs_flashinfer` is the relative difference of their outputs."""
+    rows = []
+    for model, nh, nkv in PREFILL_SHAPES:
+        for lens in PREFILL_PROMPTS:
+            row: dict[str, Any] = {"kernel": f"attention prefill {model} nh={nh} nkv={nkv} hd=128 "
+                                             f"prompts={len(lens)}x{lens[0]}"}
+            flops = 2 * nh * 128 * sum(n * n for n in lens)
+            outs = {}
+            for column, backend, P in PREFILL_RUNS:
+                try:
+                    ms, outs[column] = _prefill_ms(backend, nh, nkv, lens, P)
+                except (ImportError, RuntimeError, ValueError, TypeError) as e:  # one run, not all
+                    row[f"{column}_skipped"] = f"{type(e).__name__}: {e}"[:200]
+                    continue
+                row[f"{column}_ms"], row[f"{column}_TFLOP_s"] = ms, flops / ms / 1e9
+            if "fa" in outs and "flashinfer" in outs:
+                ref = outs["flashinfer"].float()
+                row["fa_vs_flashinfer"] = float((outs["fa"].float() - ref).norm() / ref.norm())
+            rows.append(row)
+    return rows
+
+
+def _prefill_ms(backend: str, nh: int, nkv: int, lens: list[int],
+                P: int) -> tuple[float, torch.Tensor]:
+    from radixserve.engine.attention import StepLayout, create_backend
+    from radixserve.engine.kvcache.pool import KVCachePool
+
+    dev, hd, B = torch.device("cuda"), 128, len(lens)
+    b = create_backend(backend, nh, nkv, hd, dev, torch.bfloat16)
+    g = torch.Generator(device=dev).manual_seed(0)  # the same problem for every backend
+    width = -(-max(lens) // P) * P
+    pages = B * width // P
+    pool = KVCachePool(1, pages, P, nkv, hd, torch.bfloat16, dev)
+    pool.k.normal_(generator=g), pool.v.normal_(generator=g)
+    # (B, width) token locations: each request on shuffled pages of its own
+    order = torch.randperm(pages, device=dev, generator=g).view(B, -1)
+    table = (order[:, :, None] * P + torch.arange(P, device=dev)).view(B, width)
+    out_loc = torch.cat([table[i, :n] for i, n in enumerate(lens)])
+    layout = StepLayout(torch.arange(B, device=dev), [0] * B, list(lens), out_loc, table, P)
+    q = torch.randn(sum(lens), nh, hd, device=dev, dtype=torch.bfloat16, generator=g)
+    meta = b.prepare(layout)
+    for _ in range(3):  # JIT loads, first-call allocations
+        out = b.attend(q, 0, meta, pool)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(20)]
+    for start, end in events:
+        start.record()
+        b.attend(q, 0, meta, pool)
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events), out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="radixserve bench kernels", description=__doc__)
     ap.add_argument("--out", default="kernels.jsonl")
     # decode_variants is opt-in: on a fresh machine it JIT-compiles FlashInfer's tensor-core decode,
     # which took longer than the whole 300 s kernels stage of gpu_check.sh.
     ap.add_argument("--parts", default="ceilings,kv_store,flashinfer_decode,gemv",
-                    help="comma-separated; also decode_variants")
+                    help="comma-separated; also decode_variants, attention_prefill")
     a = ap.parse_args(argv)
     for part in (globals()[p] for p in a.parts.split(",")):
         try:

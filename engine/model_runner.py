@@ -73,6 +73,9 @@ class ModelRunner:
                                   device)
         self.backend = create_backend(config.attention_backend, attn.num_heads, attn.num_kv_heads,
                                       args.head_dim, device, dtype)
+        note = self.backend.check_page_size(config.page_size)  # raises if it cannot serve it
+        if note:
+            log.warning("attention backend %s: %s", self.backend.name, note)
         self.sampler = Sampler()
         graph_sizes = self._graph_sizes()
         piece_buckets = self._piece_buckets()
@@ -100,9 +103,9 @@ class ModelRunner:
         c = self.config
         if self.device.type != "cuda" or not c.cuda_graph or c.tp_size > 1:
             return []
-        if not self.backend.supports_cuda_graph:
-            log.warning("attention backend %s cannot run in CUDA graphs; decoding eagerly",
-                        type(self.backend).__name__)
+        if not self.backend.supports_cuda_graph(c.page_size):
+            log.warning("attention backend %s cannot run in CUDA graphs at page size %d; decoding "
+                        "eagerly", self.backend.name, c.page_size)
             return []
         return graph_batch_sizes(min(c.cuda_graph_max_batch, c.max_running_requests))
 

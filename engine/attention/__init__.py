@@ -75,13 +75,15 @@ def create_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
         from radixserve.engine.attention.hybrid import HybridBackend
 
         prefill, decode = name.split(",", 1)
-        return HybridBackend(create_backend(prefill, num_heads, num_kv_heads, head_dim, device,
-                                            dtype),
-                             create_backend(decode, num_heads, num_kv_heads, head_dim, device,
-                                            dtype))
-    if name not in _BACKENDS:
+        backend: AttentionBackend = HybridBackend(
+            create_backend(prefill, num_heads, num_kv_heads, head_dim, device, dtype),
+            create_backend(decode, num_heads, num_kv_heads, head_dim, device, dtype))
+    elif name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose from {backend_names()}")
-    return _BACKENDS[name]()(num_heads, num_kv_heads, head_dim, device, dtype)
+    else:
+        backend = _BACKENDS[name]()(num_heads, num_kv_heads, head_dim, device, dtype)
+    backend.name = name
+    return backend
 
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "StepLayout", "backend_names", "create_backend",

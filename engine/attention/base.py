@@ -44,9 +44,7 @@ class AttentionMetadata:
 
 
 class AttentionBackend(ABC):
-    # Backends that can run a padded decode batch inside a CUDA graph set this and implement the
-    # three graph methods below.
-    supports_cuda_graph: bool = False
+    name = ""  # the registry name (`create_backend`), used in start-up messages
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  dtype: torch.dtype = torch.float32) -> None:
@@ -74,6 +72,21 @@ class AttentionBackend(ABC):
                kv_pool: KVCachePool) -> torch.Tensor:
         """Causal attention of q (T, nh, hd) over each request's context, new tokens included.
         Returns (T, nh, hd)."""
+
+    # -- page sizes -------------------------------------------------------------------------------
+    def check_page_size(self, page_size: int) -> str:
+        """Called once at engine start with the pool's page size.
+
+        Raises ValueError, naming the backend, the page size and what to use instead, when the
+        backend cannot serve `page_size` at all. Otherwise returns "" or a warning for the log:
+        what this page size costs the backend and which page size avoids it.
+        """
+        return ""
+
+    def supports_cuda_graph(self, page_size: int) -> bool:
+        """Whether a padded decode batch at `page_size` can run inside a CUDA graph; backends that
+        return True implement the three graph methods below for that page size."""
+        return False
 
     # -- CUDA graphs (decode only) ----------------------------------------------------------------
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,

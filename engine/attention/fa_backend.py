@@ -1,10 +1,18 @@
 """flash-attn backend (FA3 Hopper build, sgl-kernel's FA3, or flash-attn 2).
 
 FA3's `flash_attn_with_kvcache` reads the paged pool through a page table at any page size, for
-prefill (ragged queries via cu_seqlens_q) and decode alike. flash-attn 2 pages only in blocks of 256
-tokens, so with smaller pages it gathers each request's K/V into one contiguous run and calls
-`flash_attn_varlen_func`; decode uses `flash_attn_with_kvcache` with a block table when P % 256 ==
-0. Causal masks in both align queries with the end of their request's keys, as StepLayout does.
+prefill (ragged queries via cu_seqlens_q) and decode alike; decode runs in CUDA graphs.
+
+flash-attn 2 reads a paged pool only in pages of a multiple of 256 tokens. At such page sizes
+(`--page-size 256`) prefill is `flash_attn_varlen_func` with a block table, decode
+`flash_attn_with_kvcache` with one, and decode runs in CUDA graphs. At any other page size it still
+serves every step, but copies each request's K/V out of the pool into one contiguous run per layer
+(`flash_attn_varlen_func` for prefill and decode alike) and decodes eagerly; the engine logs a
+warning at start naming page size 256. It serves rather than refuses because the results are the
+same and `fa,flashinfer` (FA2 prefill, FlashInfer decode in CUDA graphs) is sound at any page size:
+the copy of each request's context per layer costs prefill little and decode most.
+
+Causal masks align queries with the end of their request's keys, as StepLayout does.
 """
 
 from __future__ import annotations
@@ -22,8 +30,11 @@ if TYPE_CHECKING:
     from radixserve.engine.kvcache.pool import KVCachePool
 
 
+FA2_PAGE = 256  # flash-attn 2 takes a block table only for pages of a multiple of this many tokens
+
+
 class FlashAttnAPI(NamedTuple):
-    version: int  # 3: page_table at any page size; 2: block_table only when P % 256 == 0
+    version: int  # 3: page_table at any page size; 2: block_table only when P % FA2_PAGE == 0
     varlen: Callable[..., Any]  # flash_attn_varlen_func
     with_kvcache: Callable[..., Any]  # flash_attn_with_kvcache
 
@@ -53,15 +64,13 @@ class FAMetadata(AttentionMetadata):
     max_q: int
     seqlens: torch.Tensor  # (B,) int32 keys per request
     max_k: int
-    block_table: torch.Tensor | None  # (B, max_pages) int32 page ids (paged calls)
+    block_table: torch.Tensor | None  # (B, max_pages) int32 page ids (paged path)
     kv_loc: torch.Tensor | None  # (sum seq_lens,) KV locations, request after request (gather path)
-    cu_k: torch.Tensor | None  # (B + 1,) int32 (gather path)
+    cu_k: torch.Tensor | None  # (B + 1,) int32 cumulative keys per request (varlen calls)
     decode: bool
 
 
 class FlashAttentionBackend(AttentionBackend):
-    supports_cuda_graph = True
-
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, device, dtype)
@@ -70,15 +79,26 @@ class FlashAttentionBackend(AttentionBackend):
         self._dummy_page = -1
 
     def _paged(self, page_size: int) -> bool:
-        return self.api.version == 3 or page_size % 256 == 0
+        return self.api.version == 3 or page_size % FA2_PAGE == 0
+
+    def check_page_size(self, page_size: int) -> str:
+        if self._paged(page_size):
+            return ""
+        return (f"flash-attn 2 reads the paged KV pool only in pages of a multiple of {FA2_PAGE} "
+                f"tokens: at page size {page_size} it copies each request's K/V out of the pool in "
+                f"every layer and cannot decode in CUDA graphs; --page-size {FA2_PAGE} enables its "
+                "paged kernels and CUDA graphs")
+
+    def supports_cuda_graph(self, page_size: int) -> bool:
+        return self._paged(page_size)
 
     def prepare(self, layout: StepLayout) -> FAMetadata:
         dev, P, seq = self.device, layout.page_size, layout.seq_lens
         ext = layout.extend_lens
         decode = layout.is_decode
         seqlens = torch.tensor(seq, dtype=torch.int32).to(dev, non_blocking=True)
-        block_table = kv_loc = cu_k = None
-        if self._paged(P) and (decode or self.api.version == 3):
+        block_table = kv_loc = None
+        if self._paged(P):
             max_pages = -(-max(seq) // P)
             pages = layout.page_table[layout.slots, : max_pages * P : P]
             block_table = (pages // P).to(torch.int32)
@@ -90,7 +110,8 @@ class FlashAttentionBackend(AttentionBackend):
             starts = (torch.cumsum(lens, 0) - lens).to(dev, non_blocking=True)
             first = torch.repeat_interleave(starts, lens_d, output_size=n)
             kv_loc = layout.page_table[rows, torch.arange(n, device=dev) - first]
-            cu_k = _cu(seq, dev)
+        varlen = kv_loc is not None or (self.api.version == 2 and not decode)
+        cu_k = _cu(seq, dev) if varlen else None
         return FAMetadata(layout.out_loc, _cu(ext, dev), max(ext), seqlens, max(seq), block_table,
                           kv_loc, cu_k, decode)
 
@@ -111,18 +132,23 @@ class FlashAttentionBackend(AttentionBackend):
                                         max_seqlen_q=meta.max_q, softmax_scale=self.scale,
                                         causal=True)
             return out[0] if isinstance(out, tuple) else out
-        assert meta.decode, "flash-attn 2 pages only decode steps"
-        out = self.api.with_kvcache(q.unsqueeze(1), k_pages, v_pages, cache_seqlens=meta.seqlens,
-                                    block_table=meta.block_table, softmax_scale=self.scale,
-                                    causal=True)
-        return out.squeeze(1)  # (B, 1, nh, hd) -> (B, nh, hd)
+        if meta.decode:
+            out = self.api.with_kvcache(q.unsqueeze(1), k_pages, v_pages,
+                                        cache_seqlens=meta.seqlens, block_table=meta.block_table,
+                                        softmax_scale=self.scale, causal=True)
+            return out.squeeze(1)  # (B, 1, nh, hd) -> (B, nh, hd)
+        # Ragged queries over each request's pages: with a block table, cu_k counts keys only;
+        # request i's key j sits at page block_table[i, j // P], slot j % P.
+        assert meta.cu_k is not None
+        return self.api.varlen(q, k_pages, v_pages, meta.cu_q, meta.cu_k, meta.max_q, meta.max_k,
+                               softmax_scale=self.scale, causal=True, block_table=meta.block_table)
 
     # -- CUDA graphs: static block table and lengths, rewritten before each replay --------------
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int) -> None:
         if not self._paged(page_size):
             raise NotImplementedError("flash-attn 2 decodes from the paged pool only when "
-                                      "page_size % 256 == 0")
+                                     f"page_size % {FA2_PAGE} == 0")
         dev = self.device
         self._dummy_page = dummy_page
         self._graph = {

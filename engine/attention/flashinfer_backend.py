@@ -65,8 +65,6 @@ class FlashInferMetadata(AttentionMetadata):
 
 
 class FlashInferBackend(AttentionBackend):
-    supports_cuda_graph = True
-
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  dtype: torch.dtype = torch.bfloat16) -> None:
         import flashinfer
@@ -111,6 +109,9 @@ class FlashInferBackend(AttentionBackend):
         return meta.wrapper.run(q.contiguous(), (k_pages, v_pages))  # (T, nh, hd)
 
     # -- CUDA graphs ----------------------------------------------------------------------------
+    def supports_cuda_graph(self, page_size: int) -> bool:
+        return True  # paged decode at any page size
+
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int) -> None:
         dev = self.device

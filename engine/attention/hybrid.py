@@ -23,7 +23,13 @@ class HybridBackend(AttentionBackend):
         super().__init__(prefill.num_heads, prefill.num_kv_heads, prefill.head_dim, prefill.device,
                          prefill.dtype)
         self.prefill, self.decode = prefill, decode
-        self.supports_cuda_graph = decode.supports_cuda_graph  # graphs only ever run decode steps
+
+    def check_page_size(self, page_size: int) -> str:
+        notes = (self.prefill.check_page_size(page_size), self.decode.check_page_size(page_size))
+        return "; ".join(n for n in dict.fromkeys(notes) if n)  # one backend twice: its note once
+
+    def supports_cuda_graph(self, page_size: int) -> bool:
+        return self.decode.supports_cuda_graph(page_size)  # graphs only ever run decode steps
 
     def prepare(self, layout: StepLayout) -> HybridMetadata:
         backend = self.decode if layout.is_decode else self.prefill

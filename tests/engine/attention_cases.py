@@ -1,4 +1,5 @@
-"""Random paged-attention problems and a float64 reference, shared by the backend tests.
+"""Random paged-attention problems and a float64 reference, shared by the backend tests, and the
+skip marks of backends whose optional packages are missing.
 
 A case scatters each request's KV over shuffled pages of a pool filled with random values, so a
 backend that reads the wrong page, slot or position cannot match the reference by luck.
@@ -6,16 +7,32 @@ backend that reads the wrong page, slot or position cannot match the reference b
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from typing import Literal
 
+import pytest
 import torch
 from radixserve.engine.attention import StepLayout
 from radixserve.engine.kvcache.pool import KVCachePool
 
 Kind = Literal["prefill", "chunked", "decode", "mixed"]
 LAYERS, LAYER = 2, 1  # run layer 1 of 2, so a backend that ignores layer_id reads the wrong slice
+
+# backend -> (the modules it can import, what the skip reason calls it)
+OPTIONAL = {"flashinfer": (("flashinfer",), "flashinfer"),
+            "fa": (("flash_attn_interface", "flash_attn"), "flash-attn")}
+
+
+def backend_marks(backend: str) -> list[pytest.MarkDecorator]:
+    """Skip marks for what a backend name ("fa", "fa,flashinfer", ...) needs and lacks here."""
+    marks = []
+    for part in backend.split(","):
+        modules, label = OPTIONAL.get(part, ((), ""))
+        if modules and not any(importlib.util.find_spec(m) is not None for m in modules):
+            marks.append(pytest.mark.skip(reason=f"{label} missing"))
+    return marks
 
 
 @dataclass

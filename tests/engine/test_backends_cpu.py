@@ -1,19 +1,26 @@
 """CPU checks of the attention plumbing: page ids from the token-level table, the float64 reference
-against the torch backend, and the `fa` backend's index math against a torch stand-in of the
-flash-attn API (the real library needs a GPU; test_backends_gpu.py runs it where installed)."""
+against the torch backend, the `fa` backend's index math against a torch stand-in of the
+flash-attn API (the real library needs a GPU; test_backends_gpu.py runs it where installed), and
+what each backend states about page sizes and CUDA graphs, as the engine reads it at start."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import sys
 import types
+from types import SimpleNamespace
 
 import pytest
 import torch
-from attention_cases import LAYER, check_store, make_case, reference, rel_error
-from radixserve.engine.attention import create_backend, resolve_backend_name
+from attention_cases import LAYER, LAYERS, check_store, make_case, reference, rel_error
+from radixserve.engine.attention import StepLayout, create_backend, resolve_backend_name
 from radixserve.engine.attention.base import page_indices, pages_per_request
+from radixserve.engine.config import EngineConfig
 from radixserve.engine.cuda_graph import graph_batch_sizes
+from radixserve.engine.kvcache.pool import KVCachePool
+from radixserve.engine.model_runner import ModelRunner
 
 CPU = torch.device("cpu")
 NH, NKV, HD = 4, 2, 16
@@ -66,16 +73,36 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return torch.einsum("hqk,khd->qhd", s.softmax(-1), v).to(q.dtype)
 
 
-def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False, **_):
+def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False, block_table=None,
+            **_):
+    """Request i's queries are q[cu_q[i]:cu_q[i + 1]]. Without block_table its keys are rows
+    cu_k[i]:cu_k[i + 1] of k and v (total_k, nkv, hd). With one (flash-attn 2), k and v are pages
+    (num_blocks, block_size, nkv, hd), block_size a multiple of 256, and cu_k only counts keys:
+    request i's key j sits at page block_table[i, j // block_size], slot j % block_size."""
     assert causal and q.dtype == k.dtype
-    outs = [_attend(q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]],
-                    softmax_scale)
-            for i in range(len(cu_q) - 1)]
-    return torch.cat(outs)
+    B = len(cu_q) - 1
+    q_lens, k_lens = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_k[1:] - cu_k[:-1]).tolist()
+    assert len(k_lens) == B and max(q_lens) <= max_q and max(k_lens) <= max_k
+    if block_table is None:
+        assert k.dim() == 3 and v.shape == k.shape
+        keys = [(k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]]) for i in range(B)]
+    else:
+        assert k.dim() == 4 and v.shape == k.shape and k.size(1) % 256 == 0
+        assert block_table.dtype == torch.int32 and block_table.size(0) == B
+        assert block_table.stride(-1) == 1
+        keys = [(_paged_keys(k, block_table[i], n), _paged_keys(v, block_table[i], n))
+                for i, n in enumerate(k_lens)]
+    return torch.cat([_attend(q[cu_q[i] : cu_q[i + 1]], *keys[i], softmax_scale) for i in range(B)])
+
+
+def _varlen_fa3(*args, **kwargs):
+    assert "block_table" not in kwargs, "flash-attn 3's varlen call takes no block table"
+    return _varlen(*args, **kwargs)
 
 
 def _paged_keys(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:
     P = cache.size(1)
+    assert table_row.numel() >= -(-n // P), "the block table must cover every key"
     pages = table_row[: -(-n // P)].long()
     return cache[pages].reshape(-1, cache.size(2), cache.size(3))[:n]
 
@@ -99,19 +126,34 @@ def _with_kvcache_fa3(q, k_cache, v_cache, cache_seqlens=None, page_table=None, 
     return torch.cat(outs)
 
 
+def _install_flash_attn(monkeypatch: pytest.MonkeyPatch, version: int) -> None:
+    from radixserve.engine.attention import fa_backend
+
+    name = "flash_attn" if version == 2 else "flash_attn_interface"
+    module = types.ModuleType(name)
+    module.flash_attn_varlen_func = _varlen if version == 2 else _varlen_fa3
+    module.flash_attn_with_kvcache = _with_kvcache_fa2 if version == 2 else _with_kvcache_fa3
+    for other in ("flash_attn", "flash_attn_interface", "sgl_kernel", "sgl_kernel.flash_attn"):
+        monkeypatch.setitem(sys.modules, other, None)  # None makes import fail: only ours is seen
+    monkeypatch.setitem(sys.modules, name, module)
+    fa_backend.load_flash_attn.cache_clear()  # the fixtures clear it again when they end
+
+
 @pytest.fixture(params=[2, 3])
 def fake_flash_attn(request, monkeypatch):
     from radixserve.engine.attention import fa_backend
 
-    name = "flash_attn" if request.param == 2 else "flash_attn_interface"
-    module = types.ModuleType(name)
-    module.flash_attn_varlen_func = _varlen
-    module.flash_attn_with_kvcache = _with_kvcache_fa2 if request.param == 2 else _with_kvcache_fa3
-    for other in ("flash_attn", "flash_attn_interface", "sgl_kernel", "sgl_kernel.flash_attn"):
-        monkeypatch.setitem(sys.modules, other, None)  # None makes import fail: only ours is seen
-    monkeypatch.setitem(sys.modules, name, module)
-    fa_backend.load_flash_attn.cache_clear()
+    _install_flash_attn(monkeypatch, request.param)
     yield request.param
+    fa_backend.load_flash_attn.cache_clear()
+
+
+@pytest.fixture
+def fake_fa2(monkeypatch):
+    from radixserve.engine.attention import fa_backend
+
+    _install_flash_attn(monkeypatch, 2)
+    yield 2
     fa_backend.load_flash_attn.cache_clear()
 
 
@@ -131,7 +173,8 @@ def test_fa_graph_metadata_decode(fake_flash_attn, page_size):
     b = create_backend("fa", NH, NKV, HD, CPU, torch.float32)
     case = make_case("decode", 3, page_size, NH, NKV, HD, torch.float32, CPU, seed=5)
     width = case.layout.page_table.size(1) // page_size
-    if fake_flash_attn == 2 and page_size % 256:
+    assert b.supports_cuda_graph(page_size) == (fake_flash_attn == 3 or page_size % 256 == 0)
+    if not b.supports_cuda_graph(page_size):
         with pytest.raises(NotImplementedError):
             b.init_cuda_graph(4, width, page_size, case.spare_page)
         return
@@ -145,3 +188,128 @@ def test_fa_graph_metadata_decode(fake_flash_attn, page_size):
     v = torch.cat([case.v, torch.randn(1, NKV, HD)])
     out = b.forward(q, k, v, LAYER, meta, case.pool)
     assert rel_error(out[:3], reference(case, HD**-0.5)) < 1e-5
+
+
+def _repaged(case, page_size: int):
+    """The same step with every request's context moved into shuffled pages of `page_size`."""
+    lay, P = case.layout, page_size
+    need = sum(-(-s // P) for s in case.seq_lens)
+    order = torch.randperm(need + 1, generator=torch.Generator().manual_seed(0))
+    table = torch.zeros(lay.page_table.size(0), -(-max(case.seq_lens) // P) * P, dtype=torch.int64)
+    pool = KVCachePool(LAYERS, need + 1, P, NKV, HD, torch.float32, CPU)
+    used = 0
+    for slot, s in zip(case.slots, case.seq_lens):
+        n = -(-s // P)
+        table[slot, : n * P] = (order[used : used + n, None] * P + torch.arange(P)).flatten()
+        used += n
+        pool.k[:, table[slot, :s]] = case.pool.k[:, lay.page_table[slot, :s]]
+        pool.v[:, table[slot, :s]] = case.pool.v[:, lay.page_table[slot, :s]]
+    out_loc = torch.cat([table[s, p:e] for s, p, e in zip(case.slots, case.prefix_lens,
+                                                           case.seq_lens)])
+    layout = StepLayout(lay.slots, case.prefix_lens, case.seq_lens, out_loc, table, P)
+    return dataclasses.replace(case, layout=layout, pool=pool, spare_page=int(order[need]))
+
+
+@pytest.mark.parametrize("kind", ["prefill", "chunked", "mixed"])
+def test_fa2_prefill_reads_pages_of_256_and_gathers_smaller_ones(fake_fa2, kind):
+    b = create_backend("fa", NH, NKV, HD, CPU, torch.float32)
+    paged = make_case(kind, 5, 256, NH, NKV, HD, torch.float32, CPU, seed=31)
+    gathered = _repaged(paged, 16)
+    outs = []
+    for case in (paged, gathered):
+        meta = b.prepare(case.layout)
+        # page 256: one varlen call over the pool's pages; page 16: K/V copied out per request
+        assert (meta.block_table is not None, meta.kv_loc is None) == ((case is paged,) * 2)
+        outs.append(b.forward(case.q, case.k, case.v, LAYER, meta, case.pool))
+        check_store(case)
+    assert rel_error(outs[0], reference(paged, HD**-0.5)) < 1e-5
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+
+
+def test_fa_states_graph_support_per_page_size(fake_flash_attn):
+    b = create_backend("fa", NH, NKV, HD, CPU, torch.float32)
+    assert b.name == "fa"
+    for P in (256, 512):
+        assert b.supports_cuda_graph(P) and b.check_page_size(P) == ""
+    if fake_flash_attn == 3:  # a page table at any page size
+        assert b.supports_cuda_graph(16) and b.check_page_size(16) == ""
+        return
+    assert not b.supports_cuda_graph(16) and not b.supports_cuda_graph(1)
+    note = b.check_page_size(16)
+    assert "page size 16" in note and "--page-size 256" in note and "CUDA graphs" in note
+
+
+def test_hybrid_graphs_follow_its_decode_backend(fake_fa2):
+    fa_prefill = create_backend("fa,torch", NH, NKV, HD, CPU, torch.float32)
+    fa_decode = create_backend("torch,fa", NH, NKV, HD, CPU, torch.float32)
+    assert fa_prefill.name == "fa,torch" and fa_decode.name == "torch,fa"
+    assert not fa_prefill.supports_cuda_graph(256)  # torch decodes: never in graphs
+    assert fa_decode.supports_cuda_graph(256) and not fa_decode.supports_cuda_graph(16)
+    for hybrid in (fa_prefill, fa_decode):  # fa's note whatever its role
+        assert hybrid.check_page_size(256) == ""
+        assert "--page-size 256" in hybrid.check_page_size(16)
+
+
+@pytest.mark.parametrize("backend", ["fa,torch", "torch,fa"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_fa2_hybrids_match_float64(fake_fa2, backend, kind, page_size):
+    b = create_backend(backend, NH, NKV, HD, CPU, torch.float32)
+    case = make_case(kind, 5, page_size, NH, NKV, HD, torch.float32, CPU, seed=41)
+    out = b.forward(case.q, case.k, case.v, LAYER, b.prepare(case.layout), case.pool)
+    assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
+    check_store(case)
+
+
+def _graph_sizes(backend, page_size: int) -> list[int]:
+    """What ModelRunner would capture on a CUDA device for this backend and page size."""
+    config = EngineConfig("unused", page_size=page_size, max_running_requests=8)
+    return ModelRunner._graph_sizes(SimpleNamespace(device=torch.device("cuda"), config=config,
+                                                    backend=backend))
+
+
+def test_engine_captures_graphs_only_where_the_backend_can_run_them(fake_fa2, caplog):
+    fa = create_backend("fa", NH, NKV, HD, CPU, torch.float32)
+    hybrid = create_backend("fa,torch", NH, NKV, HD, CPU, torch.float32)
+    assert _graph_sizes(fa, 256) == graph_batch_sizes(8)
+    with caplog.at_level(logging.WARNING, logger="radixserve.engine.model_runner"):
+        assert _graph_sizes(fa, 16) == [] and _graph_sizes(hybrid, 256) == []
+    assert "fa cannot run in CUDA graphs at page size 16" in caplog.text
+    assert "fa,torch cannot run in CUDA graphs at page size 256" in caplog.text
+
+
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_engine_on_fa2_matches_the_torch_backend(fake_fa2, page_size, ckpt, make_llm, caplog):
+    """An engine on flash-attn 2 starts at any page size (with a warning below 256) and generates
+    what the torch backend does: chunked prefill over cached prefixes, then decode."""
+    from radixserve.engine import SamplingParams
+
+    prompts = [[(7 * i + 3 * j) % 900 + 3 for j in range(n)] for i, n in enumerate((5, 40, 300))]
+    prompts.append(prompts[2][:260] + [11, 12])  # a cached prefix of a page and more
+    params = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    config = {"page_size": page_size, "max_prefill_tokens": 256}
+    want = [o.token_ids for o in make_llm(ckpt("qwen3"), attention_backend="torch", **config)
+            .generate(prompts, params)]
+    with caplog.at_level(logging.WARNING, logger="radixserve.engine.model_runner"):
+        llm = make_llm(ckpt("qwen3"), attention_backend="fa", **config)
+    assert ("--page-size 256" in caplog.text) == (page_size % 256 != 0)
+    got = [o.token_ids for o in llm.generate(prompts[:3], params)]
+    got += [o.token_ids for o in llm.generate(prompts[3:], params)]  # hits the cached prefix
+    assert got == want
+
+
+def test_engine_start_refuses_a_page_size_its_backend_cannot_serve(monkeypatch, ckpt, make_llm):
+    from radixserve.engine import attention
+    from radixserve.engine.attention.torch_backend import TorchBackend
+
+    class Pages64(TorchBackend):
+        def check_page_size(self, page_size: int) -> str:
+            if page_size % 64:
+                raise ValueError(f"attention backend {self.name} cannot serve page size "
+                                 f"{page_size}; use --page-size 64")
+            return ""
+
+    monkeypatch.setitem(attention._BACKENDS, "pages64", lambda: Pages64)
+    with pytest.raises(ValueError, match="pages64 cannot serve page size 16; use --page-size 64"):
+        make_llm(ckpt("qwen3"), attention_backend="pages64", page_size=16)
+    make_llm(ckpt("qwen3"), attention_backend="pages64", page_size=64)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from attention_cases import backend_marks
 from checkpoints import _common, _save
 from radixserve.engine import LLM, SamplingParams
 
@@ -39,6 +40,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "flashinfer no-overlap": {"attention_backend": "flashinfer", "overlap": False},
     "torch eager": {"attention_backend": "torch", "cuda_graph": False},
     "auto, memory-sized pool": {"num_pages": None, "memory_fraction": 0.05},
+    # flash-attn: paged kernels and graphs at page 256; flash-attn 2 gathers K/V and decodes
+    # eagerly at page 16 (graphs asked for all the same); FA prefill with FlashInfer decode
+    "fa+graphs page256": {"attention_backend": "fa", "page_size": 256, "num_pages": 128},
+    "fa page16": {"attention_backend": "fa"},
+    "fa,flashinfer+graphs page256": {"attention_backend": "fa,flashinfer", "page_size": 256,
+                                     "num_pages": 128},
 }
 
 
@@ -100,7 +107,8 @@ def _record(row: dict[str, Any]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=backend_marks(
+    config.get("attention_backend", "auto"))) for name, config in CONFIGS.items()])
 def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     from transformers import AutoModelForCausalLM
 
@@ -111,9 +119,13 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
                             top_logprobs=TOP)
     outs = llm.generate(prompts, params)
     llm.core.check_integrity()
-    backend = type(llm.core.runner.backend).__name__
-    graphs = llm.core.runner.graphs is not None
-    pieces = llm.core.runner.pieces is not None
+    runner = llm.core.runner
+    backend = runner.backend.name
+    graphs = runner.graphs is not None
+    # graphs wherever asked for and the backend can run them at this page size, else eager
+    assert graphs == (config.get("cuda_graph", True)
+                      and runner.backend.supports_cuda_graph(llm.core.config.page_size))
+    pieces = runner.pieces is not None
     del llm
     gc.collect()
     torch.cuda.empty_cache()
