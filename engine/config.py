@@ -10,6 +10,7 @@ SchedulePolicy = Literal["fcfs", "lpm"]
 AdmissionPolicy = Literal["reserve", "optimistic"]
 LoadFormat = Literal["auto", "dummy"]
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+EAGER_PREFILL_ADMISSION_WAIT_MS = 50.0
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,12 @@ class EngineConfig:
     # (see scheduler/admission.py)
     admission: AdmissionPolicy = "optimistic"
     # While at least a quarter of the slots decode, a new request may wait up to this long so that
-    # arrivals are admitted together: every step that carries prefill runs eagerly, so one such
-    # step for several arrivals costs less than one each (docs/benchmarks.md, "Serving plane").
-    # 0 admits at once (scheduler/scheduler.py, `_admission_due`).
-    admission_wait_ms: float = 50.0
+    # arrivals are admitted together: one step that carries prefill for several arrivals costs less
+    # than one each where such steps run eagerly (docs/benchmarks.md, "Serving plane"). None: 0
+    # where piecewise CUDA graphs run them, EAGER_PREFILL_ADMISSION_WAIT_MS where they run eagerly
+    # (CPU, tensor parallelism, piecewise graphs off); 0 admits at once
+    # (scheduler/scheduler.py, `_admission_due`).
+    admission_wait_ms: float | None = None
     tp_size: int = 1
     tp_rank: int = 0
     tp_timeout_s: float = 300.0  # a TP collective slower than this means a rank died or hung
@@ -79,7 +82,7 @@ class EngineConfig:
             raise ValueError(f"tp_rank {self.tp_rank} out of range for tp_size {self.tp_size}")
         if not self.tp_timeout_s > 0:
             raise ValueError(f"tp_timeout_s must be > 0, got {self.tp_timeout_s}")
-        if not self.admission_wait_ms >= 0:
+        if self.admission_wait_ms is not None and not self.admission_wait_ms >= 0:
             raise ValueError(f"admission_wait_ms must be >= 0, got {self.admission_wait_ms}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError("memory_fraction must be in (0, 1]")

@@ -11,12 +11,12 @@ import json
 import logging
 import random
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import torch
-from radixserve.engine.config import EngineConfig
+from radixserve.engine.config import EAGER_PREFILL_ADMISSION_WAIT_MS, EngineConfig
 from radixserve.engine.constrained.bitmask import fill_grammar_mask
 from radixserve.engine.constrained.compiler import Grammar, GrammarCompiler
 from radixserve.engine.constrained.matcher import GrammarMatcher
@@ -95,6 +95,9 @@ class EngineCore:
         with building(self.tp):
             self.runner = ModelRunner(config, self.args, self.tp.device if self.tp else device,
                                       dtype, eos)
+        if config.admission_wait_ms is None:  # hold arrivals back only where prefill is eager
+            wait = 0.0 if self.runner.pieces is not None else EAGER_PREFILL_ADMISSION_WAIT_MS
+            config = self.config = replace(config, admission_wait_ms=wait)
         self.model_info = ModelInfo(folder.name, self.args.architecture, self.args.vocab_size,
                                     self.runner.max_context, eos, str(dtype).removeprefix("torch."))
         self.allocator = PageAllocator(self.runner.num_pages)

@@ -119,7 +119,7 @@ class Scheduler:
         running requests finish meanwhile and free more, and an offline queue of thousands then
         still enters in groups. A lightly loaded engine admits at once: it has the room, and
         waiting would only add to the time to first token."""
-        wait_s = self.config.admission_wait_ms / 1000
+        wait_s = (self.config.admission_wait_ms or 0.0) / 1000  # None resolved by EngineCore
         if wait_s <= 0 or len(self.running) * 4 < self.config.max_running_requests:
             return True  # below a quarter of the slots the engine has room: no one waits
         if time.monotonic() - self.waiting[0].queued_at >= wait_s:

@@ -127,3 +127,16 @@ def test_admission_wait_is_validated(path):
 
     with pytest.raises(ValueError, match="admission_wait_ms"):
         EngineConfig(model_path=str(path), admission_wait_ms=-1.0)
+
+
+def test_the_default_wait_holds_arrivals_only_where_prefill_steps_run_eagerly(path, make_llm):
+    """Unset, the wait is EAGER_PREFILL_ADMISSION_WAIT_MS where steps with prefill tokens run
+    eagerly (here: CPU) and 0 where piecewise graphs run them (here: the pieces, uncaptured)."""
+    from radixserve.engine.config import EAGER_PREFILL_ADMISSION_WAIT_MS
+
+    eager = make_llm(path, max_running_requests=4).core
+    assert eager.runner.pieces is None
+    assert eager.config.admission_wait_ms == EAGER_PREFILL_ADMISSION_WAIT_MS > 0
+    pieces = make_llm(path, max_running_requests=4, piecewise_graph_max_tokens=64).core
+    assert pieces.runner.pieces is not None and pieces.config.admission_wait_ms == 0
+    assert make_llm(path, admission_wait_ms=7.0).core.config.admission_wait_ms == 7.0
