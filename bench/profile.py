@@ -313,6 +313,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace", type=int, default=0,
                     help="also profile this many steps with torch.profiler")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch CPU threads (0: torch's default); 1 keeps a busy machine's thread "
+                         "pool hand-offs out of the host columns")
     ap.add_argument("--host", action="store_true",
                     help="also time the parts of forward (decode steps)")
     ap.add_argument("--temperature", type=float, default=0.0,
@@ -334,6 +337,8 @@ def main(argv: list[str] | None = None) -> None:
     if any(t < 1 for t in prefill):
         ap.error("--prefill takes positive token counts")
     batches = [int(b) for b in args.batches.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     # A prefill step must hold every prompt: one slot each, and a token budget that takes them all.
     slots = max(*batches, PREFILL_REQUESTS) if prefill else max(batches)
     # On a CPU the pool holds every request's whole context, so decode steps never retract.
