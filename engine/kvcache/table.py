@@ -61,11 +61,31 @@ class TableManager:
         locs = (torch.tensor(pages, dtype=torch.int64)[:, None] * P + torch.arange(P)).flatten()
         self.set_locations(slot, first_page * P, locs)
 
+    def map_pages(self, slots: list[int], page_indices: list[int], pages: list[int]) -> None:
+        """Map logical page page_indices[i] of slots[i] to physical page pages[i], for many slots
+        in one write (a decode step's new pages)."""
+        P = self.page_size
+        offsets = torch.arange(P)
+        rows = torch.tensor(slots, dtype=torch.int64).repeat_interleave(P)
+        cols = (torch.tensor(page_indices, dtype=torch.int64)[:, None] * P + offsets).flatten()
+        locs = (torch.tensor(pages, dtype=torch.int64)[:, None] * P + offsets).flatten()
+        self.page_table_cpu[rows, cols] = locs
+        self._pending.append((self.page_table, rows, cols, locs))
+
     def pending_writes(self) -> list[RowWrite]:
-        """Writes queued since the last flush, in order: what tensor-parallel followers replay."""
-        return [RowWrite("page_table" if t is self.page_table else "token_pool", int(r[0]),
-                         int(c[0]), v)
-                for t, r, c, v in self._pending if len(v)]
+        """Writes queued since the last flush, in order: what tensor-parallel followers replay.
+        A write that spans several rows (map_pages) becomes one RowWrite per run of consecutive
+        positions in one row."""
+        out: list[RowWrite] = []
+        for t, r, c, v in self._pending:
+            target: Literal["page_table", "token_pool"] = (
+                "page_table" if t is self.page_table else "token_pool")
+            cuts = ((r[1:] != r[:-1]) | (c[1:] != c[:-1] + 1)).nonzero().flatten() + 1
+            for rows, cols, values in zip(r.tensor_split(cuts), c.tensor_split(cuts),
+                                          v.tensor_split(cuts)):
+                if len(values):
+                    out.append(RowWrite(target, int(rows[0]), int(cols[0]), values))
+        return out
 
     def replay(self, writes: Iterable[RowWrite]) -> None:
         """Queue another table's `pending_writes` here (host mirror included)."""
