@@ -22,7 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from radixserve.engine.sampling.params import FinishReason, SamplingParams
+from radixserve.engine.sampling.params import FinishReason, SamplerOptions, SamplingParams
 
 if TYPE_CHECKING:
     from radixserve.engine.constrained.matcher import GrammarMatcher
@@ -59,12 +59,14 @@ class Req:
     grammar: GrammarMatcher | None = None
     queued_at: float = 0.0  # time.monotonic() when it was queued (Scheduler.add)
     prompt_array: np.ndarray = field(init=False, repr=False)
-    # len(prompt_ids), read several times per request and step; the prompt never changes.
+    # Read several times per request and step, so resolved once: prompt and params never change.
     prompt_len: int = field(init=False)
+    sampler_options: SamplerOptions = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_array = np.asarray(self.prompt_ids, dtype=np.int32)
         self.prompt_len = self.fill_len = len(self.prompt_ids)
+        self.sampler_options = self.params.sampler_options
 
     @property
     def prefill_done(self) -> bool:

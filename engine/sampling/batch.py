@@ -20,7 +20,7 @@ def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...]
     # output index sampled now
     steps = [batch.seq_lens[i] - r.prompt_len for i, r in zip(rows, reqs)]
     (greedy, temperature, top_k, uses_top_k, top_p, min_p, has_penalties, min_new_tokens,
-     top_logprobs, wants_logprobs) = zip(*[p.sampler_options for p in params])
+     top_logprobs, wants_logprobs) = zip(*[r.sampler_options for r in reqs])
     # Every column goes to the device in one copy (upload_columns); optional ones only when a row
     # uses them.
     cols: dict[str, tuple[Sequence, torch.dtype]] = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -37,8 +36,8 @@ def _finite(name: str, value: float) -> None:
 
 
 class SamplerOptions(NamedTuple):
-    """What the sampler reads of one request's params each step, resolved once
-    (sampling/batch.py builds its columns from these)."""
+    """What the sampler reads of one request's params each step (sampling/batch.py builds its
+    columns from these)."""
 
     greedy: bool
     temperature: float  # 1.0 where greedy
@@ -164,9 +163,9 @@ class SamplingParams:
     def wants_logprobs(self) -> bool:
         return self.logprobs or self.top_logprobs > 0
 
-    @functools.cached_property
+    @property
     def sampler_options(self) -> SamplerOptions:
-        """Computed on first use and kept (the params never change): read per row and step."""
+        """Read per row and step: a request keeps its own copy (`Req.sampler_options`)."""
         greedy = self.greedy
         return SamplerOptions(greedy, 1.0 if greedy else self.temperature,
                               self.top_k if self.top_k > 0 else 1 << 30, self.top_k > 1,
