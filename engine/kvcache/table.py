@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Literal, NamedTuple
 
 import torch
+from radixserve.engine.upload import upload_columns
 
 
 class RowWrite(NamedTuple):
@@ -100,12 +101,16 @@ class TableManager:
         self._pending.append((target, torch.full_like(cols, slot), cols, values))
 
     def flush(self) -> None:
-        """Apply queued row writes to the device tensors, one index_put per tensor."""
-        for target in (self.page_table, self.token_pool):
-            parts = [p for p in self._pending if p[0] is target]
-            if parts:
-                rows = torch.cat([p[1] for p in parts]).to(target.device, non_blocking=True)
-                cols = torch.cat([p[2] for p in parts]).to(target.device, non_blocking=True)
-                vals = torch.cat([p[3] for p in parts]).to(target.device, non_blocking=True)
-                target[rows, cols] = vals
+        """Apply queued row writes to the device tensors: one copy, one index_put per tensor."""
+        groups = [(t, [p for p in self._pending if p[0] is t])
+                  for t in (self.page_table, self.token_pool)]
+        groups = [(t, parts) for t, parts in groups if parts]
+        if groups:
+            # rows, columns and values of each written tensor, in one upload
+            cols = upload_columns([(torch.cat([p[k] for p in parts]), torch.int64)
+                                   for _, parts in groups for k in (1, 2, 3)],
+                                  self.page_table.device)
+            for g, (target, _) in enumerate(groups):
+                rows, positions, values = cols[3 * g : 3 * g + 3]
+                target[rows, positions] = values
         self._pending.clear()

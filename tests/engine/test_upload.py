@@ -13,6 +13,7 @@ COLUMNS = [
     ([], torch.int64),
     ([5, -5], torch.int32),
     ([2**32 - 1] * 9, torch.int64),
+    (torch.tensor([3, -4, 5]), torch.int64),  # a cpu tensor as the values
 ]
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -24,7 +25,7 @@ def test_upload_columns_match_torch_tensor(device):
     got = upload_columns(COLUMNS, dev)
     assert len(got) == len(COLUMNS)
     for (values, dtype), t in zip(COLUMNS, got):
-        want = torch.tensor(values, dtype=dtype)
+        want = torch.as_tensor(values, dtype=dtype)
         assert t.dtype == dtype and t.shape == want.shape and t.device.type == dev.type
         assert torch.equal(t.cpu(), want)
 
