@@ -6,11 +6,11 @@ wait (blocked on the previous step's sampled ids) and process (appending tokens,
 With overlap, a step costs max(host, device): when `wait` is near 0 the host is the bottleneck.
 --trace also runs a torch.profiler pass and prints the top host ops and the summed kernel time
 per step (device busy time), so host and device can be set side by side.
---host also splits `forward` into its parts: table flush, attention planning, the model (forward and
-LM head), grammar masks, the sampling batch (build_sampling_batch), the sampler and `inputs`, the
-rest: the step's own tensors, the sampled ids' write-back and the copy to the host. On a CPU the
-model and the sampler are the device work; every other column is host time. --temperature samples
-(seeded, as the offline workload does) instead of greedy decoding.
+--host also splits `forward` into its parts: table flush, attention planning, the model (forward or
+graph replay, and the LM head), grammar masks, the sampling batch (build_sampling_batch), the
+sampler and `inputs`, the rest: the step's own tensors, the sampled ids' write-back and the copy to
+the host. On a CPU the model and the sampler are the device work; every other column is host time.
+--temperature samples (seeded, as the offline workload does) instead of greedy decoding.
 --prefill TOKENS profiles one prefill step of 16 fresh prompts totalling TOKENS tokens instead:
 the top kernels by self device time, the host time of the forward launch and the step's wall time,
 then the same step timed 3 more times without the profiler, so its overhead can be told apart.
@@ -56,6 +56,10 @@ class _PartTimers:
             (r.model, "forward", "model"), (r.model, "compute_logits", "model"),
             (model_runner, "fill_grammar_mask", "grammar"),
             (model_runner, "build_sampling_batch", "sampling_batch"), (r, "sampler", "sampler")]
+        if r.graphs is not None:  # a decode step's forward on CUDA: the graph's replay
+            self.spots.append((r.graphs, "replay", "model"))
+        if r.pieces is not None:
+            self.spots.append((r.pieces, "run", "model"))
         self.totals: dict[str, float] = defaultdict(float)
         self._saved: list[tuple[Any, str, Any, bool]] = []
 
