@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 from radixserve.engine.config import EngineConfig
@@ -30,6 +31,13 @@ from radixserve.engine.scheduler.admission import OutputEstimate
 from radixserve.engine.scheduler.batch import Batch
 
 LPM_WINDOW = 128  # waiting requests scored per step under the longest-prefix-match policy
+
+
+class RunningSplit(NamedTuple):
+    """The running requests of one step, in running order."""
+
+    decodes: list[Req]  # decode a token this step
+    prefilling: list[Req]  # still have prompt to prefill
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -204,9 +212,9 @@ class Scheduler:
         req.cache_handle, req.cache_len = match.handle, aligned
 
     # -- retraction (optimistic admission) -------------------------------------------------------
-    def _make_room_for_decodes(self) -> tuple[list[Req], list[Req]]:
+    def _make_room_for_decodes(self) -> RunningSplit:
         """Retract until every decode this step that starts a new page can have one. Returns the
-        running requests that decode this step and those still prefilling, in running order."""
+        running requests that decode this step and those still prefilling."""
         P = self.page_size
         while True:
             decodes: list[Req] = []
@@ -217,10 +225,10 @@ class Scheduler:
                 elif not r.prefill_done:
                     prefilling.append(r)
             if not self.estimate.optimistic or len(self.running) <= 1:
-                return decodes, prefilling
+                return RunningSplit(decodes, prefilling)
             need = sum(1 for r in decodes if r.cached_len % P == 0)
             if need <= self._obtainable():
-                return decodes, prefilling
+                return RunningSplit(decodes, prefilling)
             self._retract(self.running[-1])
 
     def _add_decodes(self, decodes: list[Req], batch: Batch) -> None:
