@@ -6,6 +6,11 @@ wait (blocked on the previous step's sampled ids) and process (appending tokens,
 With overlap, a step costs max(host, device): when `wait` is near 0 the host is the bottleneck.
 --trace also runs a torch.profiler pass and prints the top host ops and the summed kernel time
 per step (device busy time), so host and device can be set side by side.
+--host also splits `forward` into its parts: table flush, attention planning, the model (forward or
+graph replay, and the LM head), grammar masks, the sampling batch (build_sampling_batch), the
+sampler and `inputs`, the rest: the step's own tensors, the sampled ids' write-back and the copy to
+the host. On a CPU the model and the sampler are the device work; every other column is host time.
+--temperature samples (seeded, as the offline workload does) instead of greedy decoding.
 --prefill TOKENS profiles one prefill step of 16 fresh prompts totalling TOKENS tokens instead:
 the top kernels by self device time, the host time of the forward launch and the step's wall time,
 then the same step timed 3 more times without the profiler, so its overhead can be told apart.
@@ -35,20 +40,74 @@ from radixserve.bench.models import write_model_dir
 from radixserve.engine.core import EngineCore
 
 PHASES = ("schedule", "forward", "wait", "process")
+# The parts of `forward` that --host times on their own; `inputs` is what is left of it.
+FORWARD_PARTS = ("flush", "prepare", "model", "grammar", "sampling_batch", "sampler")
 
 
-def _fill(core: EngineCore, batch: int, prompt_len: int, steps: int) -> None:
+class _PartTimers:
+    """Times calls of the runner's parts by wrapping them for the duration of a `with` block."""
+
+    def __init__(self, core: EngineCore) -> None:
+        from radixserve.engine import model_runner
+
+        r = core.runner
+        self.spots: list[tuple[Any, str, str]] = [
+            (r.table, "flush", "flush"), (r.backend, "prepare", "prepare"),
+            (r.model, "forward", "model"), (r.model, "compute_logits", "model"),
+            (model_runner, "fill_grammar_mask", "grammar"),
+            (model_runner, "build_sampling_batch", "sampling_batch"), (r, "sampler", "sampler")]
+        if r.graphs is not None:  # a decode step's forward on CUDA: the graph's replay
+            self.spots.append((r.graphs, "replay", "model"))
+        if r.pieces is not None:
+            self.spots.append((r.pieces, "run", "model"))
+        self.totals: dict[str, float] = defaultdict(float)
+        self._saved: list[tuple[Any, str, Any, bool]] = []
+
+    def _wrap(self, fn: Any, label: str) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.totals[label] += time.perf_counter() - t0
+        return timed
+
+    def take(self) -> dict[str, float]:
+        """Seconds per part since the last take."""
+        out = {k: self.totals[k] for k in FORWARD_PARTS}
+        self.totals.clear()
+        return out
+
+    def __enter__(self) -> _PartTimers:
+        for obj, name, label in self.spots:
+            own = name in vars(obj)  # an instance attribute, not one looked up on the class
+            self._saved.append((obj, name, vars(obj).get(name), own))
+            setattr(obj, name, self._wrap(getattr(obj, name), label))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for obj, name, value, own in reversed(self._saved):
+            if own:
+                setattr(obj, name, value)
+            else:
+                delattr(obj, name)
+        self._saved.clear()
+
+
+def _fill(core: EngineCore, batch: int, prompt_len: int, steps: int,
+          temperature: float = 0.0) -> None:
     rng = random.Random(0)
     for i in range(batch):
         ids = [rng.randrange(10000) for _ in range(prompt_len)]
-        core.add_request(f"p{i}", ids, greedy_params(steps + 64))
+        core.add_request(f"p{i}", ids, greedy_params(steps + 64, temperature, seed=i))
     while core.scheduler.waiting or any(not r.prefill_done for r in core.scheduler.running):
         core.step()
     for _ in range(4):
         core.step()
 
 
-def _timed_steps(core: EngineCore, steps: int) -> dict[str, list[float]]:
+def _timed_steps(core: EngineCore, steps: int,
+                 parts: _PartTimers | None = None) -> dict[str, list[float]]:
     times: dict[str, list[float]] = defaultdict(list)
     in_flight, core._in_flight = core._in_flight, None  # the step core.step() left in flight
     for _ in range(steps):
@@ -57,6 +116,11 @@ def _timed_steps(core: EngineCore, steps: int) -> dict[str, list[float]]:
         t1 = time.perf_counter()
         out = core.runner.forward(batch)
         t2 = time.perf_counter()
+        if parts is not None:
+            split = parts.take()
+            for name, seconds in split.items():
+                times[name].append(seconds)
+            times["inputs"].append(t2 - t1 - sum(split.values()))
         if in_flight is not None:
             in_flight[1].wait()
             t3 = time.perf_counter()
@@ -124,9 +188,13 @@ def _drain(core: EngineCore) -> None:
 
 
 def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int,
-                  trace: int) -> dict[str, Any]:
-    _fill(core, batch, prompt_len, steps + trace)
-    times = _timed_steps(core, steps)
+                  trace: int, host: bool = False, temperature: float = 0.0) -> dict[str, Any]:
+    _fill(core, batch, prompt_len, steps + trace, temperature)
+    if host:
+        with _PartTimers(core) as parts:
+            times = _timed_steps(core, steps, parts)
+    else:
+        times = _timed_steps(core, steps)
     row: dict[str, Any] = {"batch": batch}
     row.update({f"{k}_ms": 1e3 * median(v) for k, v in times.items()})
     if trace:
@@ -249,6 +317,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace", type=int, default=0,
                     help="also profile this many steps with torch.profiler")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch CPU threads (0: torch's default); 1 keeps a busy machine's thread "
+                         "pool hand-offs out of the host columns")
+    ap.add_argument("--host", action="store_true",
+                    help="also time the parts of forward (decode steps)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at this temperature, seeded (decode steps; 0: greedy)")
     ap.add_argument("--no-cuda-graph", action="store_true")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--offline", action="store_true", help="profile the offline workload instead")
@@ -266,11 +341,15 @@ def main(argv: list[str] | None = None) -> None:
     if any(t < 1 for t in prefill):
         ap.error("--prefill takes positive token counts")
     batches = [int(b) for b in args.batches.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     # A prefill step must hold every prompt: one slot each, and a token budget that takes them all.
     slots = max(*batches, PREFILL_REQUESTS) if prefill else max(batches)
+    # On a CPU the pool holds every request's whole context, so decode steps never retract.
+    kv_tokens = max(65536, slots * (args.prompt_len + args.steps + args.trace + 64 + 64))
     core = build_core(write_model_dir(args.model, args.root), device=args.device,
                       max_running_requests=slots, cuda_graph=not args.no_cuda_graph,
-                      max_prefill_tokens=max(8192, *prefill))
+                      max_prefill_tokens=max([8192, *prefill]), cpu_kv_tokens=kv_tokens)
     kernels: list[dict[str, Any]] = []
     title = f"decode step profile (medians): {args.model} on {device_name(args.device)}"
     try:
@@ -285,8 +364,8 @@ def main(argv: list[str] | None = None) -> None:
             title = (f"prefill steps of {args.prefill} tokens: {args.model} on "
                      f"{device_name(args.device)}")
         else:
-            rows = [profile_batch(core, b, args.prompt_len, args.steps, args.trace)
-                    for b in batches]
+            rows = [profile_batch(core, b, args.prompt_len, args.steps, args.trace, args.host,
+                                  args.temperature) for b in batches]
     finally:
         release(core)
     if kernels:

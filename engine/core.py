@@ -25,7 +25,7 @@ from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.model_runner import ForwardOutput, ModelRunner
 from radixserve.engine.models.config import ModelArgs
-from radixserve.engine.request import Req
+from radixserve.engine.request import Req, ReqStatus
 from radixserve.engine.sampling.params import FinishReason, InvalidRequestError, SamplingParams
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.scheduler import Scheduler
@@ -197,22 +197,25 @@ class EngineCore:
     def _process(self, batch: Batch, out: ForwardOutput) -> list[StepOutput]:
         out.wait()
         results: list[StepOutput] = []
-        tokens = out.sample.tokens.tolist()
-        for j, row in enumerate(out.rows):
-            req = batch.reqs[row]
-            if req.finished:
+        reqs, finished = batch.reqs, ReqStatus.FINISHED
+        logprobs = None
+        with_logprobs = out.sample.logprobs is not None  # None: no row of the step wants them
+        for j, (row, token) in enumerate(zip(out.rows, out.sample.tokens.tolist())):
+            req = reqs[row]
+            if req.status is finished:
                 continue  # finished or aborted while this step was in flight
             if not req.output_ids:
                 self.prompt_tokens_total += req.prompt_len
                 self.cached_tokens_total += req.matched_len
-            token = tokens[j]
             req.output_ids.append(token)
             reason = self._finish_reason(req, token)
             if reason is not None:
                 self.scheduler.finish(req, reason)
                 del self._reqs[req.rid]
-            results.append(StepOutput(req.rid, [token], self._logprobs(out, j, req), reason,
-                                      req.matched_stop_token, req.prompt_len, req.matched_len))
+            if with_logprobs:
+                logprobs = self._logprobs(out, j, req)
+            results.append(StepOutput(req.rid, [token], logprobs, reason, req.matched_stop_token,
+                                      req.prompt_len, req.matched_len))
         return results
 
     def _finish_reason(self, req: Req, token: int) -> FinishReason | None:

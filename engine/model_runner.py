@@ -13,8 +13,10 @@ step, whose writes the stream orders after every read of the steps still in flig
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from radixserve.engine.attention import StepLayout, create_backend
@@ -39,8 +41,44 @@ from radixserve.engine.piecewise_graph import PiecewiseGraphRunner, token_bucket
 from radixserve.engine.sampling.batch import build_sampling_batch
 from radixserve.engine.sampling.sampler import SampleOutput, Sampler
 from radixserve.engine.scheduler.batch import Batch
+from radixserve.engine.upload import upload_columns
 
 log = logging.getLogger(__name__)
+
+
+class StepColumns(NamedTuple):
+    """A step's per-row and per-sample indices on the device (int64), from one upload."""
+
+    num_tokens: int  # T, host
+    slots: torch.Tensor  # (B,) request slot of each row
+    offsets: torch.Tensor  # (B,) prefix_len minus the row's first token index in the flat axis
+    ext: torch.Tensor  # (B,) new tokens of each row
+    rows: torch.Tensor  # (S,) rows that sample
+    last: torch.Tensor  # (S,) flat index of each sampling row's last token
+    sample_slots: torch.Tensor  # (S,) where each sampled id goes in the token pool: slot,
+    sample_pos: torch.Tensor  # (S,) and position (the row's seq_len)
+
+
+def step_columns(batch: Batch, slots: list[int], rows: list[int],
+                 dev: torch.device) -> StepColumns:
+    """The step's index columns, built from the batch's host lists and copied in one transfer.
+
+        row:        0           1        2
+        ext:        [ 3 tokens ][ 1 ][ 2 tokens ]      flat token axis of T = 6
+        starts:     0           3    4            (the row's first flat index)
+        positions:  prefix_lens[i] + (flat index - starts[i]) = offsets[i] + flat index
+    """
+    prefix, seq = batch.prefix_lens, batch.seq_lens
+    ext = [s - p for s, p in zip(seq, prefix)]
+    ends = list(itertools.accumulate(ext))  # ends[i] = starts[i] + ext[i]
+    offsets = [p - (e - x) for p, e, x in zip(prefix, ends, ext)]
+    i64 = torch.int64
+    (slots_d, offsets_d, ext_d, rows_d, last_d, sample_slots_d,
+     sample_pos_d) = upload_columns([
+        (slots, i64), (offsets, i64), (ext, i64), (rows, i64), ([ends[i] - 1 for i in rows], i64),
+        ([slots[i] for i in rows], i64), ([seq[i] for i in rows], i64)], dev)
+    return StepColumns(ends[-1] if ends else 0, slots_d, offsets_d, ext_d, rows_d, last_d,
+                       sample_slots_d, sample_pos_d)
 
 
 @dataclass
@@ -154,35 +192,28 @@ class ModelRunner:
     def _forward(self, batch: Batch) -> ForwardOutput:
         dev, table = self.device, self.table
         table.flush()
-        prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64)
-        seq = torch.tensor(batch.seq_lens, dtype=torch.int64)
-        ext = seq - prefix
         slot_list = [r.slot for r in batch.reqs]
-        slots = torch.tensor(slot_list, dtype=torch.int64)
-        slots_d = slots.to(dev, non_blocking=True)
         rows = [i for i, s in enumerate(batch.sample) if s]
-        T = int(ext.sum())
-        starts = torch.cumsum(ext, 0) - ext
-        graph_layout = StepLayout(slots_d, batch.prefix_lens, batch.seq_lens, slots_d,
+        cols = step_columns(batch, slot_list, rows, dev)
+        T = cols.num_tokens
+        graph_layout = StepLayout(cols.slots, batch.prefix_lens, batch.seq_lens, cols.slots,
                                   table.page_table, self.config.page_size)
         if self.graphs is not None and T == len(slot_list) and self.graphs.can_run(graph_layout):
             logits = self.graphs.replay(slot_list, graph_layout)  # (B, V), every row one new token
             if not rows:
                 return self._no_samples()
             if len(rows) < len(slot_list):
-                logits = logits[torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)]
+                logits = logits[cols.rows]
         else:
             # Expanded to one entry per token on the device: on CPU tensors repeat_interleave takes
             # milliseconds at 8k tokens, host time that every prefill step paid.
-            # (3, B)
-            per_req = torch.stack([slots, prefix - starts, ext]).to(dev, non_blocking=True)
-            slot_tok_d = torch.repeat_interleave(per_req[0], per_req[2], output_size=T)
+            slot_tok_d = torch.repeat_interleave(cols.slots, cols.ext, output_size=T)
             # (T,) absolute positions
-            pos_d = torch.repeat_interleave(per_req[1], per_req[2], output_size=T)
+            pos_d = torch.repeat_interleave(cols.offsets, cols.ext, output_size=T)
             pos_d += torch.arange(T, device=dev)
             input_ids = table.token_pool[slot_tok_d, pos_d]
             out_loc = table.page_table[slot_tok_d, pos_d]
-            layout = StepLayout(slots_d, batch.prefix_lens, batch.seq_lens, out_loc,
+            layout = StepLayout(cols.slots, batch.prefix_lens, batch.seq_lens, out_loc,
                                 table.page_table, self.config.page_size)
             meta = self.backend.prepare(layout)
             if self.pieces is not None and self.pieces.can_run(T):
@@ -192,8 +223,7 @@ class ModelRunner:
                     hidden = self.model(input_ids, pos_d)
             if not rows:
                 return self._no_samples()
-            last = (starts + ext - 1)[rows].to(dev, non_blocking=True)
-            logits = self.model.compute_logits(hidden[last])
+            logits = self.model.compute_logits(hidden[cols.last])
         # The host fills constrained rows' masks while the device runs the forward just launched.
         mask = batch.grammar  # filled already under tensor parallelism (EngineCore.step)
         if mask is None:
@@ -201,9 +231,7 @@ class ModelRunner:
                                      pin=self.stream is not None)
         sb = build_sampling_batch(batch, rows, self.eos_ids, dev, mask)
         out = self.sampler(logits.float(), sb, table.token_pool)  # (S, V) float32 in
-        sample_slots = slots[rows].to(dev, non_blocking=True)
-        sample_pos = seq[rows].to(dev, non_blocking=True)
-        table.token_pool[sample_slots, sample_pos] = out.tokens
+        table.token_pool[cols.sample_slots, cols.sample_pos] = out.tokens
         return self._to_host(rows, out)
 
     @staticmethod

@@ -22,7 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from radixserve.engine.sampling.params import FinishReason, SamplingParams
+from radixserve.engine.sampling.params import FinishReason, SamplerOptions, SamplingParams
 
 if TYPE_CHECKING:
     from radixserve.engine.constrained.matcher import GrammarMatcher
@@ -59,14 +59,14 @@ class Req:
     grammar: GrammarMatcher | None = None
     queued_at: float = 0.0  # time.monotonic() when it was queued (Scheduler.add)
     prompt_array: np.ndarray = field(init=False, repr=False)
+    # Read several times per request and step, so resolved once: prompt and params never change.
+    prompt_len: int = field(init=False)
+    sampler_options: SamplerOptions = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_array = np.asarray(self.prompt_ids, dtype=np.int32)
-        self.fill_len = len(self.prompt_ids)
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
+        self.prompt_len = self.fill_len = len(self.prompt_ids)
+        self.sampler_options = self.params.sampler_options
 
     @property
     def prefill_done(self) -> bool:
@@ -85,10 +85,13 @@ class Req:
     @property
     def can_decode(self) -> bool:
         # A constrained request's next mask needs its previous token: with overlap it sits out the
-        # step launched while that token is still in flight.
-        return (self.status is ReqStatus.RUNNING and self.prefill_done
-                and self.num_scheduled_outputs < self.max_new_tokens
-                and (self.grammar is None or self.num_scheduled_outputs == len(self.output_ids)))
+        # step launched while that token is still in flight. Read for every running request each
+        # step, so spelled out: once prefill is done, device_len > fill_len >= prompt_len and the
+        # scheduled outputs are device_len - prompt_len.
+        scheduled = self.device_len - self.prompt_len
+        return (self.status is ReqStatus.RUNNING and self.device_len > self.fill_len
+                and scheduled < self.max_new_tokens
+                and (self.grammar is None or scheduled == len(self.output_ids)))
 
     @property
     def finished(self) -> bool:

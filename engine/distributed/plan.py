@@ -10,7 +10,7 @@ device-side sampling options. A new read of `Req` state in the engine must be ad
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch
@@ -18,7 +18,7 @@ from radixserve.engine.constrained.bitmask import HostGrammarMask
 from radixserve.engine.distributed.comm import TPGroupError
 from radixserve.engine.kvcache.table import RowWrite, TableManager
 from radixserve.engine.request import Req
-from radixserve.engine.sampling.params import SamplingParams
+from radixserve.engine.sampling.params import SamplerOptions, SamplingParams
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.internal.tp.v1 import plan_pb2 as pb
 
@@ -92,6 +92,10 @@ class SlotReq:
     params: SamplingParams
     device_len: int = 0
     grammar: None = None  # grammar state stays on rank 0; the plan carries each step's mask
+    sampler_options: SamplerOptions = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.sampler_options = self.params.sampler_options
 
     @property
     def prefill_done(self) -> bool:

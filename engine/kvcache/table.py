@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Literal, NamedTuple
 
 import torch
+from radixserve.engine.upload import upload_columns
 
 
 class RowWrite(NamedTuple):
@@ -61,11 +62,31 @@ class TableManager:
         locs = (torch.tensor(pages, dtype=torch.int64)[:, None] * P + torch.arange(P)).flatten()
         self.set_locations(slot, first_page * P, locs)
 
+    def map_pages(self, slots: list[int], page_indices: list[int], pages: list[int]) -> None:
+        """Map logical page page_indices[i] of slots[i] to physical page pages[i], for many slots
+        in one write (a decode step's new pages)."""
+        P = self.page_size
+        offsets = torch.arange(P)
+        rows = torch.tensor(slots, dtype=torch.int64).repeat_interleave(P)
+        cols = (torch.tensor(page_indices, dtype=torch.int64)[:, None] * P + offsets).flatten()
+        locs = (torch.tensor(pages, dtype=torch.int64)[:, None] * P + offsets).flatten()
+        self.page_table_cpu[rows, cols] = locs
+        self._pending.append((self.page_table, rows, cols, locs))
+
     def pending_writes(self) -> list[RowWrite]:
-        """Writes queued since the last flush, in order: what tensor-parallel followers replay."""
-        return [RowWrite("page_table" if t is self.page_table else "token_pool", int(r[0]),
-                         int(c[0]), v)
-                for t, r, c, v in self._pending if len(v)]
+        """Writes queued since the last flush, in order: what tensor-parallel followers replay.
+        A write that spans several rows (map_pages) becomes one RowWrite per run of consecutive
+        positions in one row."""
+        out: list[RowWrite] = []
+        for t, r, c, v in self._pending:
+            target: Literal["page_table", "token_pool"] = (
+                "page_table" if t is self.page_table else "token_pool")
+            cuts = ((r[1:] != r[:-1]) | (c[1:] != c[:-1] + 1)).nonzero().flatten() + 1
+            for rows, cols, values in zip(r.tensor_split(cuts), c.tensor_split(cuts),
+                                          v.tensor_split(cuts)):
+                if len(values):
+                    out.append(RowWrite(target, int(rows[0]), int(cols[0]), values))
+        return out
 
     def replay(self, writes: Iterable[RowWrite]) -> None:
         """Queue another table's `pending_writes` here (host mirror included)."""
@@ -80,12 +101,16 @@ class TableManager:
         self._pending.append((target, torch.full_like(cols, slot), cols, values))
 
     def flush(self) -> None:
-        """Apply queued row writes to the device tensors, one index_put per tensor."""
-        for target in (self.page_table, self.token_pool):
-            parts = [p for p in self._pending if p[0] is target]
-            if parts:
-                rows = torch.cat([p[1] for p in parts]).to(target.device, non_blocking=True)
-                cols = torch.cat([p[2] for p in parts]).to(target.device, non_blocking=True)
-                vals = torch.cat([p[3] for p in parts]).to(target.device, non_blocking=True)
-                target[rows, cols] = vals
+        """Apply queued row writes to the device tensors: one copy, one index_put per tensor."""
+        groups = [(t, [p for p in self._pending if p[0] is t])
+                  for t in (self.page_table, self.token_pool)]
+        groups = [(t, parts) for t, parts in groups if parts]
+        if groups:
+            # rows, columns and values of each written tensor, in one upload
+            cols = upload_columns([(torch.cat([p[k] for p in parts]), torch.int64)
+                                   for _, parts in groups for k in (1, 2, 3)],
+                                  self.page_table.device)
+            for g, (target, _) in enumerate(groups):
+                rows, positions, values = cols[3 * g : 3 * g + 3]
+                target[rows, positions] = values
         self._pending.clear()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from radixserve.engine.constrained.bitmask import HostGrammarMask, to_device
 from radixserve.engine.sampling.race import M32
 from radixserve.engine.sampling.sampler import Penalties, SamplingBatch
 from radixserve.engine.scheduler.batch import Batch
+from radixserve.engine.upload import upload_columns
 
 
 def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...],
@@ -16,23 +19,33 @@ def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...]
     params = [r.params for r in reqs]
     # output index sampled now
     steps = [batch.seq_lens[i] - r.prompt_len for i, r in zip(rows, reqs)]
-
-    def col(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
-
-    greedy = [p.greedy for p in params]
-    top_k = [p.top_k if p.top_k > 0 else 1 << 30 for p in params]
-    pen_rows = [j for j, p in enumerate(params) if p.has_penalties]
-    penalties = None
+    (greedy, temperature, top_k, uses_top_k, top_p, min_p, has_penalties, min_new_tokens,
+     top_logprobs, wants_logprobs) = zip(*[r.sampler_options for r in reqs])
+    # Every column goes to the device in one copy (upload_columns); optional ones only when a row
+    # uses them.
+    cols: dict[str, tuple[Sequence, torch.dtype]] = {
+        "greedy": (greedy, torch.bool),
+        "temperature": (temperature, torch.float32),
+        "seed_lo": ([r.seed & M32 for r in reqs], torch.int64),
+        "seed_hi": ([(r.seed >> 32) & M32 for r in reqs], torch.int64),
+        "step": (steps, torch.int64),
+    }
+    if any(uses_top_k):
+        cols["top_k"] = (top_k, torch.int64)
+    if any(p < 1 for p in top_p):
+        cols["top_p"] = (top_p, torch.float32)
+    if any(p > 0 for p in min_p):
+        cols["min_p"] = (min_p, torch.float32)
+    pen_rows = [j for j, pen in enumerate(has_penalties) if pen]
     if pen_rows:
-        penalties = Penalties(
-            rows=col(pen_rows, torch.int64),
-            slots=col([reqs[j].slot for j in pen_rows], torch.int64),
-            prompt_lens=col([reqs[j].prompt_len for j in pen_rows], torch.int64),
-            seq_lens=col([batch.seq_lens[rows[j]] for j in pen_rows], torch.int64),
-            repetition=col([[params[j].repetition_penalty] for j in pen_rows], torch.float32),
-            frequency=col([[params[j].frequency_penalty] for j in pen_rows], torch.float32),
-            presence=col([[params[j].presence_penalty] for j in pen_rows], torch.float32),
+        cols.update(
+            pen_rows=(pen_rows, torch.int64),
+            pen_slots=([reqs[j].slot for j in pen_rows], torch.int64),
+            pen_prompt_lens=([reqs[j].prompt_len for j in pen_rows], torch.int64),
+            pen_seq_lens=([batch.seq_lens[rows[j]] for j in pen_rows], torch.int64),
+            repetition=([params[j].repetition_penalty for j in pen_rows], torch.float32),
+            frequency=([params[j].frequency_penalty for j in pen_rows], torch.float32),
+            presence=([params[j].presence_penalty for j in pen_rows], torch.float32),
         )
     # Until min_new_tokens are out, the tokens that would end the request are banned; a constrained
     # row is left to its grammar, which may allow nothing but the end. (Decided by the mask, which
@@ -40,27 +53,34 @@ def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...]
     constrained = set(grammar.rows) if grammar is not None else set()
     ban_rows: list[int] = []
     ban_ids: list[int] = []
-    for j, (p, step) in enumerate(zip(params, steps)):
-        if step < p.min_new_tokens and j not in constrained:
+    for j in [j for j, (s, m) in enumerate(zip(steps, min_new_tokens)) if s < m]:
+        p = params[j]
+        if j not in constrained:
             ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
             ban_rows += [j] * len(ids)
             ban_ids += sorted(ids)
+    if ban_rows:
+        cols.update(ban_rows=(ban_rows, torch.int64), ban_ids=(ban_ids, torch.int64))
+    d = dict(zip(cols, upload_columns(list(cols.values()), dev)))
+    penalties = None
+    if pen_rows:
+        penalties = Penalties(rows=d["pen_rows"], slots=d["pen_slots"],
+                              prompt_lens=d["pen_prompt_lens"], seq_lens=d["pen_seq_lens"],
+                              repetition=d["repetition"][:, None],
+                              frequency=d["frequency"][:, None], presence=d["presence"][:, None])
     return SamplingBatch(
         all_greedy=all(greedy),
-        greedy=col(greedy, torch.bool),
-        temperature=col([[1.0 if g else p.temperature] for g, p in zip(greedy, params)],
-                        torch.float32),
-        top_k=col([[k] for k in top_k], torch.int64) if any(p.top_k > 1 for p in params) else None,
-        top_p=(col([[p.top_p] for p in params], torch.float32)
-               if any(p.top_p < 1 for p in params) else None),
-        min_p=(col([[p.min_p] for p in params], torch.float32)
-               if any(p.min_p > 0 for p in params) else None),
-        seed_lo=col([r.seed & M32 for r in reqs], torch.int64),
-        seed_hi=col([(r.seed >> 32) & M32 for r in reqs], torch.int64),
-        step=col(steps, torch.int64),
+        greedy=d["greedy"],
+        temperature=d["temperature"][:, None],
+        top_k=d["top_k"][:, None] if "top_k" in d else None,
+        top_p=d["top_p"][:, None] if "top_p" in d else None,
+        min_p=d["min_p"][:, None] if "min_p" in d else None,
+        seed_lo=d["seed_lo"],
+        seed_hi=d["seed_hi"],
+        step=d["step"],
         penalties=penalties,
-        suppress=(col(ban_rows, torch.int64), col(ban_ids, torch.int64)) if ban_rows else None,
+        suppress=(d["ban_rows"], d["ban_ids"]) if ban_rows else None,
         grammar=to_device(grammar, dev) if grammar is not None else None,
-        num_top_logprobs=max(p.top_logprobs for p in params),
-        want_logprobs=any(p.wants_logprobs for p in params),
+        num_top_logprobs=max(top_logprobs),
+        want_logprobs=any(wants_logprobs),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
@@ -33,6 +33,22 @@ def _check(ok: bool, message: str) -> None:
 def _finite(name: str, value: float) -> None:
     _check(isinstance(value, (int, float)) and math.isfinite(value),
            f"{name} must be a finite number, got {value!r}")
+
+
+class SamplerOptions(NamedTuple):
+    """What the sampler reads of one request's params each step (sampling/batch.py builds its
+    columns from these)."""
+
+    greedy: bool
+    temperature: float  # 1.0 where greedy
+    top_k: int  # 1 << 30 where disabled
+    uses_top_k: bool  # top_k > 1
+    top_p: float
+    min_p: float
+    has_penalties: bool
+    min_new_tokens: int
+    top_logprobs: int
+    wants_logprobs: bool
 
 
 @dataclass(frozen=True)
@@ -146,3 +162,12 @@ class SamplingParams:
     @property
     def wants_logprobs(self) -> bool:
         return self.logprobs or self.top_logprobs > 0
+
+    @property
+    def sampler_options(self) -> SamplerOptions:
+        """Read per row and step: a request keeps its own copy (`Req.sampler_options`)."""
+        greedy = self.greedy
+        return SamplerOptions(greedy, 1.0 if greedy else self.temperature,
+                              self.top_k if self.top_k > 0 else 1 << 30, self.top_k > 1,
+                              self.top_p, self.min_p, self.has_penalties, self.min_new_tokens,
+                              self.top_logprobs, self.wants_logprobs)

@@ -29,6 +29,14 @@ class Batch:
         self.seq_lens.append(seq_len)
         self.sample.append(sample)
 
+    def add_decodes(self, reqs: list[Req]) -> None:
+        """One sampled row per request for the one token at its cached_len."""
+        positions = [r.cached_len for r in reqs]
+        self.reqs += reqs
+        self.prefix_lens += positions
+        self.seq_lens += [p + 1 for p in positions]
+        self.sample += [True] * len(reqs)
+
     @property
     def num_tokens(self) -> int:
         return sum(self.seq_lens) - sum(self.prefix_lens)

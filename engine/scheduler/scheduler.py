@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 from radixserve.engine.config import EngineConfig
@@ -30,6 +31,13 @@ from radixserve.engine.scheduler.admission import OutputEstimate
 from radixserve.engine.scheduler.batch import Batch
 
 LPM_WINDOW = 128  # waiting requests scored per step under the longest-prefix-match policy
+
+
+class RunningSplit(NamedTuple):
+    """The running requests of one step, in running order."""
+
+    decodes: list[Req]  # decode a token this step
+    prefilling: list[Req]  # still have prompt to prefill
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -84,24 +92,16 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------------------
     def schedule(self) -> Batch | None:
         batch = Batch()
-        P = self.page_size
         self._retracted_this_step = False
         self.estimate.on_step()
         if self.cache.shares:
             for req in self.running:
                 self._publish(req)
-        self._make_room_for_decodes()
-        for req in self.running:
-            if req.can_decode:
-                pos = req.cached_len
-                if pos % P == 0:
-                    self.table.alloc_pages(req.slot, pos // P, self._alloc(1))
-                batch.add(req, pos, pos + 1, sample=True)
-                req.cached_len += 1
-                req.device_len += 1
+        decodes, prefilling = self._make_room_for_decodes()
+        self._add_decodes(decodes, batch)
         budget = self.config.max_prefill_tokens
-        for req in list(self.running):  # a chunked prompt continues before anyone new is admitted
-            if budget > 0 and req.status is ReqStatus.RUNNING and not req.prefill_done:
+        for req in prefilling:  # a chunked prompt continues before anyone new is admitted
+            if budget > 0 and req.status is ReqStatus.RUNNING:  # not retracted by an earlier chunk
                 budget -= self._prefill_chunk(req, batch, budget)
         admit = self.waiting and not self._retracted_this_step and self._admission_due(budget)
         while admit and budget > 0 and self.waiting and self.table.num_free_slots > 0:
@@ -212,14 +212,37 @@ class Scheduler:
         req.cache_handle, req.cache_len = match.handle, aligned
 
     # -- retraction (optimistic admission) -------------------------------------------------------
-    def _make_room_for_decodes(self) -> None:
-        """Retract until every decode this step that starts a new page can have one."""
+    def _make_room_for_decodes(self) -> RunningSplit:
+        """Retract until every decode this step that starts a new page can have one. Returns the
+        running requests that decode this step and those still prefilling."""
         P = self.page_size
-        while self.estimate.optimistic and len(self.running) > 1:
-            need = sum(1 for r in self.running if r.can_decode and r.cached_len % P == 0)
+        while True:
+            decodes: list[Req] = []
+            prefilling: list[Req] = []
+            for r in self.running:
+                if r.can_decode:
+                    decodes.append(r)
+                elif not r.prefill_done:
+                    prefilling.append(r)
+            if not self.estimate.optimistic or len(self.running) <= 1:
+                return RunningSplit(decodes, prefilling)
+            need = sum(1 for r in decodes if r.cached_len % P == 0)
             if need <= self._obtainable():
-                return
+                return RunningSplit(decodes, prefilling)
             self._retract(self.running[-1])
+
+    def _add_decodes(self, decodes: list[Req], batch: Batch) -> None:
+        """One sampled row per request for the token at its cached_len; the requests whose token
+        starts a page get their new pages in one allocation and one table write."""
+        P = self.page_size
+        starting = [r for r in decodes if r.cached_len % P == 0]
+        if starting:
+            self.table.map_pages([r.slot for r in starting], [r.cached_len // P for r in starting],
+                                 self._alloc(len(starting)))
+        batch.add_decodes(decodes)
+        for r in decodes:
+            r.cached_len += 1
+            r.device_len += 1
 
     def _retract_until(self, pages: int, keep: set[Req]) -> None:
         """Retract the latest admitted requests not in `keep` until `pages` are obtainable."""

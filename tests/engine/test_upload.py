@@ -1,0 +1,44 @@
+"""upload_columns: one packed copy gives back exactly the columns torch.tensor would build."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from radixserve.engine.upload import upload_columns
+
+COLUMNS = [
+    ([True, False, True], torch.bool),  # 3 bytes: the next column starts after padding
+    ([0.1, 1.0, 1e-45, 3.4e38, -2.5], torch.float32),  # rounding and a subnormal as torch rounds
+    ([2**40 + 1, -7, 0], torch.int64),
+    ([], torch.int64),
+    ([5, -5], torch.int32),
+    ([2**32 - 1] * 9, torch.int64),
+    (torch.tensor([3, -4, 5]), torch.int64),  # a cpu tensor as the values
+]
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_upload_columns_match_torch_tensor(device):
+    dev = torch.device(device)
+    got = upload_columns(COLUMNS, dev)
+    assert len(got) == len(COLUMNS)
+    for (values, dtype), t in zip(COLUMNS, got):
+        want = torch.as_tensor(values, dtype=dtype)
+        assert t.dtype == dtype and t.shape == want.shape and t.device.type == dev.type
+        assert torch.equal(t.cpu(), want)
+
+
+def test_each_call_has_its_own_buffer():
+    dev = torch.device("cpu")
+    first = upload_columns([([1, 2, 3], torch.int64)], dev)[0]
+    upload_columns([([9, 9, 9], torch.int64)], dev)
+    assert first.tolist() == [1, 2, 3]
+
+
+def test_no_columns_and_empty_columns():
+    dev = torch.device("cpu")
+    assert upload_columns([], dev) == []
+    (empty,) = upload_columns([([], torch.float32)], dev)
+    assert empty.shape == (0,) and empty.dtype == torch.float32
