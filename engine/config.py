@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
+
+from radixserve.engine.constrained.compiler import (
+    DEFAULT_COMPILE_TIMEOUT_S,
+    DEFAULT_MAX_CONSTRAINT_BYTES,
+)
+from radixserve.engine.sampling.params import MAX_CONSTRAINT_CHARS
 
 CacheKind = Literal["radix", "naive"]
 SchedulePolicy = Literal["fcfs", "lpm"]
@@ -53,6 +60,11 @@ class EngineConfig:
     # off on CPU; 0: off; a number on CPU runs the same pieces uncaptured (tests).
     piecewise_graph_max_tokens: int | None = None
     load_format: LoadFormat = "auto"  # "dummy": random weights from config.json alone (benchmarks)
+    # Structured output: a constraint text longer than this (UTF-8 bytes) is refused, and so is
+    # one whose grammar takes longer than this to compile (the compile runs in a worker process,
+    # killed at the limit; engine/constrained/workers.py).
+    max_constraint_bytes: int = DEFAULT_MAX_CONSTRAINT_BYTES
+    grammar_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -86,3 +98,9 @@ class EngineConfig:
             raise ValueError(f"admission_wait_ms must be >= 0, got {self.admission_wait_ms}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError("memory_fraction must be in (0, 1]")
+        if not 0 < self.max_constraint_bytes <= MAX_CONSTRAINT_CHARS:
+            raise ValueError(f"max_constraint_bytes must be in (0, {MAX_CONSTRAINT_CHARS}], got "
+                             f"{self.max_constraint_bytes}")
+        if not 0 < self.grammar_compile_timeout_s < math.inf:
+            raise ValueError("grammar_compile_timeout_s must be a positive number of seconds, got "
+                             f"{self.grammar_compile_timeout_s}")

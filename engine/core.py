@@ -117,14 +117,17 @@ class EngineCore:
 
         Thread-safe, unlike the rest of the core: the scheduler service compiles on worker threads
         while the engine thread steps. Cached by (kind, text). Raises InvalidRequestError with the
-        compiler's message when the grammar does not compile."""
+        compiler's message when the grammar does not compile, or naming the limit (size, compile
+        time) it broke."""
         constraint = params.constraint
         if constraint is None:
             return None
         with self._grammars_lock:
             if self._grammars is None:
-                self._grammars = GrammarCompiler(self.config.model_path, self.args.vocab_size,
-                                                 self.model_info.eos_token_ids)
+                c = self.config
+                self._grammars = GrammarCompiler(
+                    c.model_path, self.args.vocab_size, self.model_info.eos_token_ids,
+                    max_bytes=c.max_constraint_bytes, timeout_s=c.grammar_compile_timeout_s)
         return self._grammars.compile(*constraint)
 
     # -- requests -------------------------------------------------------------------------------
@@ -260,9 +263,11 @@ class EngineCore:
         return [TokenLogprobs(float(s.logprobs[j]), top)]
 
     def close(self) -> None:
-        """Stop tensor-parallel workers (nothing to do on one rank); the core is unusable after."""
+        """Stop tensor-parallel workers and grammar compile workers; the core is unusable after."""
         if self.tp is not None:
             self.tp.close()
+        if self._grammars is not None:
+            self._grammars.close()
 
     # -- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

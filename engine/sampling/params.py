@@ -11,7 +11,10 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS = 20
-MAX_CONSTRAINT_CHARS = 65536  # longest JSON schema / regex / EBNF text a request may carry
+# Longest JSON schema / regex / EBNF text any request may carry: the wire's bound, checked by the
+# gateway. The server's own limit (EngineConfig.max_constraint_bytes, 64 KiB by default) is at
+# most this and is checked where the grammar compiles.
+MAX_CONSTRAINT_CHARS = 1 << 20
 
 # The kinds of structured-output constraint; a request carries at most one (engine/constrained/).
 ConstraintKind = Literal["json_schema", "regex", "ebnf"]
