@@ -55,6 +55,8 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--cuda-graph-max-batch", "cuda_graph_max_batch", int),
     ("--piecewise-graph-max-tokens", "piecewise_graph_max_tokens", int),
     ("--load-format", "load_format", str),
+    ("--max-constraint-bytes", "max_constraint_bytes", int),
+    ("--grammar-compile-timeout", "grammar_compile_timeout_s", float),
 )
 # Boolean engine switches that default on: (flag that turns it off, field).
 ENGINE_SWITCHES: tuple[tuple[str, str], ...] = (

@@ -4,7 +4,11 @@ A request with a constraint (`SamplingParams.constraint`: a JSON schema, regex o
 waits here until its grammar is compiled, then goes to the engine loop with the grammar attached.
 Compiling can take from milliseconds to seconds, so it runs on a small thread pool: the event loop
 keeps serving the gateway streams and the engine thread keeps stepping. The engine's
-`compile_grammar` caches by constraint text, so a repeated schema costs nothing the second time.
+`compile_grammar` caches by constraint text, so a repeated schema costs nothing the second time,
+and bounds each call: a text over `--max-constraint-bytes` is refused before it compiles, and a
+compile past `--grammar-compile-timeout` is killed (it runs in one of the engine's worker
+processes) and refused, so a thread here is never held longer than that limit plus a worker's
+start. Both refusals are INVALID_ARGUMENT naming the limit.
 
 Everything here except the compile call itself runs on the event loop, so the bookkeeping needs
 no locks. A group (the n completions of one public request) compiles once and is submitted
@@ -23,12 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+from radixserve.engine.constrained.workers import COMPILE_WORKERS
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
 from radixserve.services.scheduler.groups import Refused, partition, refuse
 from radixserve.services.scheduler.types import NewRequest, Rejection
 
 log = logging.getLogger(__name__)
-COMPILE_WORKERS = 2
 
 Submit = Callable[[Hashable, list[NewRequest]], None]
 Reject = Callable[[Hashable, list[Rejection]], None]

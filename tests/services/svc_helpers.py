@@ -457,13 +457,14 @@ async def start_in_process(
 
 
 def run_in_process(demo_path: str, body: Any, frontend: dict[str, Any] | None = None,
-                   **engine: Any) -> None:
-    """Start the in-process stack around a FakeEngine(**engine) (gateway limits from `frontend`),
-    await body(stack, stub), close."""
+                   core: Any = None, **engine: Any) -> None:
+    """Start the in-process stack around `core` (a real engine) or else a FakeEngine(**engine)
+    (gateway limits from `frontend`), await body(stack, stub), close."""
     import asyncio
 
     async def main() -> None:
-        stack = await start_in_process(FakeEngine(**engine), demo_path, **(frontend or {}))
+        stack = await start_in_process(core if core is not None else FakeEngine(**engine),
+                                       demo_path, **(frontend or {}))
         try:
             async with grpc.aio.insecure_channel(stack.target) as channel:
                 await body(stack, pb_grpc.GenerateServiceStub(channel))

@@ -164,10 +164,59 @@ def test_queue_full_counts_requests_held_for_compilation() -> None:
 # -- the compile path through the in-process stack ------------------------------------------
 
 
+def _deep_schema(depth: int = 400) -> str:
+    """Objects nested `depth` deep (36 KB at 400): 9-15 s to compile on the demo tokenizer
+    (docs/benchmarks.md, "Grammar compile times"); built as text, json.dumps would recurse too
+    deep."""
+    schema = '{"type": "integer"}'
+    for i in range(depth):
+        schema = (f'{{"type": "object", "properties": {{"k{i}": {schema}, "z": {{"type": '
+                  f'"string"}}}}, "required": ["k{i}"]}}')
+    return schema
 
 
+def test_compile_limits_end_the_call_while_others_are_served(demo_path: str) -> None:
+    """A real engine with small limits behind the in-process stack: too long a text and too slow
+    a grammar each end their call with INVALID_ARGUMENT naming the limit and its flag; requests
+    keep being served while the slow one compiles, and the compile pool serves new grammars
+    after its worker was killed."""
+    from radixserve.engine.config import EngineConfig
+    from radixserve.engine.core import EngineCore
 
+    core = EngineCore(EngineConfig(model_path=demo_path, device="cpu", dtype="float32",
+                                   max_constraint_bytes=40000, grammar_compile_timeout_s=2.0))
 
+    async def body(stack: InProcess, stub: Any) -> None:
+        warm = await acollect(stub, request([5], max_new_tokens=8, regex="[ab]{1,3}"))
+        assert warm.code == grpc.StatusCode.OK, warm.details
+        big = await acollect(stub, request([5], max_new_tokens=8, regex="a" * 40001))
+        assert big.code == grpc.StatusCode.INVALID_ARGUMENT and big.responses == []
+        assert "regex is 40001 bytes long; the limit is 40000" in big.details
+        assert "--max-constraint-bytes" in big.details
+        slow = asyncio.create_task(
+            acollect(stub, request([5], max_new_tokens=8, json_schema=_deep_schema())))
+        await until(lambda: len(stack.scheduler_app.compiler) == 1)
+        served = 0
+        while not slow.done():  # free and cached constrained requests go on meanwhile
+            for extra in ({}, {"regex": "[ab]{1,3}"}):
+                res = await acollect(stub, request([7], max_new_tokens=2, **extra))
+                assert res.code == grpc.StatusCode.OK, res.details
+                served += 1
+        res = await slow
+        assert res.code == grpc.StatusCode.INVALID_ARGUMENT and res.responses == []
+        assert "json_schema did not compile within the 2 s limit" in res.details
+        assert "--grammar-compile-timeout" in res.details
+        assert served >= 2, served
+        fresh = await acollect(stub, request([5], max_new_tokens=8, regex="(yes|no)"))
+        assert fresh.code == grpc.StatusCode.OK, fresh.details
+        await until(lambda: not core.has_work() and len(stack.scheduler_app.compiler) == 0
+                    and stack.gateway.frontend.live_requests == 0)
+
+    try:
+        run_in_process(demo_path, body, core=core)
+        core.check_integrity()
+    finally:
+        core.close()
 
 
 def test_constrained_request_waits_for_its_grammar_and_others_do_not(demo_path: str) -> None:
