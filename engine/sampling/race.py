@@ -41,8 +41,14 @@ def _token_hash(vocab: int, device: torch.device) -> torch.Tensor:
     return mix32(torch.arange(vocab, dtype=torch.int64, device=device) + TOKEN_SALT)
 
 
+# The largest float32 below 1. A 32-bit noise value within 128 of 2^32 rounds to 1.0 in float32,
+# whose Gumbel noise is +inf: a banned token's -inf logit then scores NaN, which argmax picks.
+U_MAX = 1.0 - 2.0**-24
+
+
 def _uniform(noise: torch.Tensor) -> torch.Tensor:
-    return (noise.to(torch.float32) + 0.5) * (1.0 / 4294967296.0)  # in (0, 1), never 0 or 1
+    # in (0, 1), never 0 or 1
+    return ((noise.to(torch.float32) + 0.5) * (1.0 / 4294967296.0)).clamp_(max=U_MAX)
 
 
 def race_torch(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor,
@@ -79,6 +85,7 @@ if triton is not None:
                         other=float("-inf")).to(tl.float32) * inv_t
             salted = (idx.to(tl.int64) + 0x9E3779B9).to(tl.uint32)  # TOKEN_SALT
             u = (_mix(key ^ _mix(salted)).to(tl.float32) + 0.5) * (1.0 / 4294967296.0)
+            u = tl.minimum(u, 0.99999994)  # U_MAX: never 1.0, whose noise would be +inf
             s += tl.where(noisy, -tl.log(-tl.log(u)), 0.0)
             take = s > best  # strict: each lane keeps its first maximum, as argmax does
             best = tl.where(take, s, best)

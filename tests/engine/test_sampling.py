@@ -221,6 +221,24 @@ def test_seeded_draw_follows_the_tempered_distribution(device):
     assert freq[4] == 0 and (freq - want).abs().max() < 0.015, (freq, want)
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_noise_that_rounds_to_one_never_lets_a_banned_token_win(device):
+    """Key 10664 hashes token 875 to 4294967244, which is 1.0 in float32: its Gumbel noise was
+    +inf, a banned (-inf) logit plus it was NaN, and argmax took the NaN (a constrained row then
+    sampled a token its grammar forbids)."""
+    from radixserve.engine.sampling.race import _token_hash, _uniform, mix32, race
+
+    key = torch.tensor([10664], dtype=torch.int64, device=device)
+    assert int(mix32(key[:, None] ^ _token_hash(1024, key.device)[None, :])[0, 875]) == 4294967244
+    assert _uniform(torch.tensor([0, 2**32 - 1])).tolist() == [pytest.approx(2**-33), 1 - 2**-24]
+    logits = torch.zeros(1, 1024, device=device)
+    logits[0, 875] = float("-inf")
+    greedy = torch.zeros(1, dtype=torch.bool, device=device)
+    assert int(race(logits, torch.ones(1, 1, device=device), key, greedy)) != 875
+    logits[0, 875] = 0.0  # allowed, it wins by a large but finite margin
+    assert int(race(logits, torch.ones(1, 1, device=device), key, greedy)) == 875
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_race_kernel_matches_the_torch_draw():
     from radixserve.engine.sampling.race import mix32, race, race_torch
