@@ -167,7 +167,9 @@ class EngineCore:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         req = Req(rid, list(prompt_ids), params, max_new, seed)
         if grammar is not None:  # each request (each of n completions too) has its own matcher
-            stop_ids = tuple(sorted(set(info.eos_token_ids) | set(params.stop_token_ids)))
+            # xgrammar refuses stop ids outside the vocabulary (a config may list such an EOS)
+            stop_ids = tuple(sorted(t for t in set(info.eos_token_ids) | set(params.stop_token_ids)
+                                    if t < info.vocab_size))
             req.grammar = GrammarMatcher(grammar, stop_ids)
         req.after = self._reqs.get(after) if after is not None else None
         self._reqs[rid] = req

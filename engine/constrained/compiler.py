@@ -68,7 +68,8 @@ class GrammarCompiler:
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=list(eos_ids) or None)
+                                                  stop_token_ids=[t for t in eos_ids
+                                                                  if t < vocab_size] or None)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self.workers = CompileWorkers(info.serialize_json(), num_workers)
         self.max_bytes, self.timeout_s = max_bytes, timeout_s

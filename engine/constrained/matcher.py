@@ -20,7 +20,9 @@ class GrammarMatcher:
         import xgrammar as xgr
 
         self.grammar = grammar
-        self._matcher = xgr.GrammarMatcher(grammar.compiled, override_stop_tokens=list(stop_ids))
+        # none given: the tokenizer's own stop tokens (xgrammar refuses an empty override)
+        self._matcher = xgr.GrammarMatcher(grammar.compiled,
+                                           override_stop_tokens=list(stop_ids) or None)
         self.num_accepted = 0  # == len(req.output_ids) after every processed step
 
     def accept(self, token: int) -> bool:

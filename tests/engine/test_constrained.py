@@ -262,3 +262,21 @@ def test_tensor_parallel_ranks_apply_the_same_mask(path, reference, overlap):
                             [params[i] for i in picked] + extra)
     assert ids(outs[:-1]) == [expected[i] for i in picked]
     assert check_in_language(outs, [params[i] for i in picked] + extra) == 19
+
+
+def test_eos_outside_the_vocabulary_is_not_a_stop_token(path, make_llm, tmp_path):
+    """A config may list an EOS id past the vocabulary (the model can never sample it); xgrammar
+    refuses such a stop token, so it is left out and the grammar still ends on the others."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(path, folder)
+    gen = folder / "generation_config.json"
+    config = json.loads(gen.read_text()) if gen.exists() else {}
+    config["eos_token_id"] = [2, 10**6]
+    gen.write_text(json.dumps(config))
+    llm = make_llm(folder)
+    assert 10**6 in llm.core.model_info.eos_token_ids
+    out = llm.generate([prompt(1)], SamplingParams(regex="(yes|no)", max_new_tokens=8, seed=1))[0]
+    assert out.text in ("yes", "no") and out.finish_reason == "eos"
+    llm.close()
