@@ -285,6 +285,9 @@ class EngineCore:
             "cached_tokens_total": self.cached_tokens_total,
             "prompt_tokens_total": self.prompt_tokens_total,
             "retractions_total": self.scheduler.retractions_total,
+            # host time ModelRunner spent filling structured-output token masks, and its steps
+            "grammar_mask_us_total": int(self.runner.grammar_mask_s * 1e6),
+            "grammar_mask_steps_total": self.runner.grammar_mask_steps,
         }
 
     def check_integrity(self) -> None:

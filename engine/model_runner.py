@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -115,6 +116,7 @@ class ModelRunner:
         if note:
             log.warning("attention backend %s: %s", self.backend.name, note)
         self.sampler = Sampler()
+        self.grammar_mask_s, self.grammar_mask_steps = 0.0, 0  # host time filling masks, summed
         graph_sizes = self._graph_sizes()
         piece_buckets = self._piece_buckets()
         # TP ranks must agree on the pool size (free memory differs per GPU): take the smallest.
@@ -227,8 +229,12 @@ class ModelRunner:
         # The host fills constrained rows' masks while the device runs the forward just launched.
         mask = batch.grammar  # filled already under tensor parallelism (EngineCore.step)
         if mask is None:
+            fill_start = time.perf_counter()
             mask = fill_grammar_mask([batch.reqs[i].grammar for i in rows], self.args.vocab_size,
                                      pin=self.stream is not None)
+            if mask is not None:
+                self.grammar_mask_s += time.perf_counter() - fill_start
+                self.grammar_mask_steps += 1
         sb = build_sampling_batch(batch, rows, self.eos_ids, dev, mask)
         out = self.sampler(logits.float(), sb, table.token_pool)  # (S, V) float32 in
         table.token_pool[cols.sample_slots, cols.sample_pos] = out.tokens

@@ -280,3 +280,14 @@ def test_eos_outside_the_vocabulary_is_not_a_stop_token(path, make_llm, tmp_path
     out = llm.generate([prompt(1)], SamplingParams(regex="(yes|no)", max_new_tokens=8, seed=1))[0]
     assert out.text in ("yes", "no") and out.finish_reason == "eos"
     llm.close()
+
+
+def test_mask_fill_time_is_counted_only_for_steps_with_a_mask(path, make_llm):
+    llm = make_llm(path)
+    llm.generate([prompt(0)], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert llm.stats()["grammar_mask_steps_total"] == llm.stats()["grammar_mask_us_total"] == 0
+    out = llm.generate([prompt(1)], SamplingParams(regex="[a-c]{3,5}", max_new_tokens=16))[0]
+    stats = llm.stats()
+    # one mask per sampled step of the constrained request: its tokens and the stop token
+    assert stats["grammar_mask_steps_total"] == len(out.token_ids)
+    assert stats["grammar_mask_us_total"] > 0
