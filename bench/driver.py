@@ -11,7 +11,7 @@ import dataclasses
 import gc
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,8 +115,10 @@ def median(values: list[float]) -> float:
 
 
 def drive(core: EngineCore, requests: Sequence[tuple[list[int], SamplingParams]],
-          arrival_steps: Sequence[int] | None = None, prefix: str = "r") -> Run:
-    """Submit request i at step arrival_steps[i] (default: all at step 0) and run to completion."""
+          arrival_steps: Sequence[int] | None = None, prefix: str = "r",
+          on_step: Callable[[], None] | None = None) -> Run:
+    """Submit request i at step arrival_steps[i] (default: all at step 0) and run to completion;
+    `on_step` is called after every engine step."""
     arrivals = list(arrival_steps) if arrival_steps is not None else [0] * len(requests)
     order = sorted(range(len(requests)), key=lambda i: arrivals[i])
     run = Run(0.0)
@@ -135,6 +137,8 @@ def drive(core: EngineCore, requests: Sequence[tuple[list[int], SamplingParams]]
             if out.finish_reason is not None:
                 run.cached_tokens += out.cached_tokens
                 run.prompt_tokens += out.prompt_tokens
+        if on_step is not None:
+            on_step()
         step += 1
     run.wall_s = time.perf_counter() - start
     return run

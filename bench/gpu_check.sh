@@ -6,8 +6,11 @@
 # (with a cffi wheel in .whl/) for the C++ radix tree, else the Python twin runs. .fa/fa_pkg.tgz, where
 # present, holds a flash-attn build (the folder fa_pkg/: the flash_attn package and its extension),
 # unpacked to /tmp and put first on PYTHONPATH; without it the `fa` backend's tests skip.
+# Structured output (stage constrained) needs the xgrammar wheel and those of its needs a stock
+# CUDA + PyTorch image lacks: pydantic, pydantic-core, annotated-types, typing-inspection
+# (apache-tvm-ffi is there already, for FlashInfer).
 #   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
-#                                        pieces-8b, long-curve, serving, serving-8b, fa
+#                                        pieces-8b, long-curve, constrained, serving, serving-8b, fa
 #   fa: the fa and fa,flashinfer GPU tests, prefill attention of each backend (bench kernels
 #   --parts attention_prefill), and the offline workload (qwen3-0.6b) on flashinfer, fa and
 #   fa,flashinfer at pages of 256. A prefill profile on one backend, for instance:
@@ -95,6 +98,9 @@ for s in "$@"; do
     pieces-8b) pieces qwen3-8b 64,1024 offline ;;
     long-curve) stage long-curve 400 python3 -m radixserve.bench.long --model qwen3-0.6b \
                   --chunk 256,512,1024,2048,4096 --json "$OUT/long-curve.json" ;;
+    constrained) stage xgrammar 60 python3 -c "import importlib.metadata as m, xgrammar
+print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
+                 stage constrained 400 "${SUITE[@]}" --model qwen3-0.6b --parts constrained ;;
     serving) serving qwen3-0.6b ;;
     serving-8b) serving qwen3-8b ;;
     kernels) stage kernels 300 python3 -m radixserve.bench.kernels --out "$OUT/results.jsonl" ;;

@@ -42,11 +42,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
                                 "num_hidden_layers": 36,
                                 "num_attention_heads": 32, "num_key_value_heads": 8,
                                 "tie_word_embeddings": False, "max_window_layers": 36},
-    # not a public model: a smoke-test size for running the benchmarks on a CPU
+    # not a public model: a smoke-test size for running the benchmarks on a CPU; its special ids
+    # are the demo tokenizer's (<|endoftext|>, <|im_end|>), inside its small vocabulary
     "tiny": QWEN3_COMMON | {"vocab_size": 10240, "head_dim": 32, "hidden_size": 128,
                             "intermediate_size": 256,
                             "num_hidden_layers": 2, "num_attention_heads": 4,
-                            "num_key_value_heads": 2, "tie_word_embeddings": True},
+                            "num_key_value_heads": 2, "tie_word_embeddings": True,
+                            "bos_token_id": 0, "eos_token_id": 2},
     "llama-3-8b": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
         "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
