@@ -26,6 +26,7 @@ BENCHMARKS = {
     "profile": "where a step's time goes, host phase by phase",
     "kernels": "GPU kernel micro-benchmarks and ceilings",
     "suite": "the GPU figures of one model in one process",
+    "grammar": "structured-output compile times of pathological constraints",
     "serving": "TTFT, TPOT, ITL, E2E and throughput through the gateway",
     "overload": "refusals and admitted streams at 3x the saturating arrival rate",
     "abort": "client cancel -> request freed by the scheduler, at N running",
