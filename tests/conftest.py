@@ -7,15 +7,13 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from checkpoints import checkpoint
+from engine_pool import live_engines, register_engine
 
 
 @pytest.fixture(scope="session")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """ckpt("qwen3" | "llama" | "qwen2" | "qwen3_sharded" | "demo") -> folder, built once."""
     return lambda kind: checkpoint(kind, tmp_path_factory)
-
-
-_live_engines: list[Any] = []
 
 
 @pytest.fixture
@@ -26,7 +24,7 @@ def make_llm() -> Callable[..., Any]:
     def make(path: Path | str, **config: Any) -> Any:
         config = {"device": "cpu", "dtype": "float32", **config}
         llm = LLM(str(path), **config)
-        _live_engines.append(llm.core)
+        register_engine(llm.core)
         return llm
 
     return make
@@ -36,13 +34,8 @@ def make_llm() -> Callable[..., Any]:
 def pool_invariant() -> Iterator[None]:
     """After each test, every engine it made must be idle with all pages and slots accounted for."""
     yield
-    engines = list(_live_engines)
-    _live_engines.clear()
+    engines = list(live_engines)
+    live_engines.clear()
     for core in engines:
         assert not core.has_work(), "engine still has work after the test"
         core.check_integrity()
-
-
-def register_engine(core: Any) -> Any:
-    _live_engines.append(core)
-    return core

@@ -11,7 +11,7 @@ import threading
 import jsonschema
 import pytest
 import torch
-from conftest import register_engine
+from engine_pool import register_engine
 from radixserve.engine import LLM, InvalidRequestError, SamplingParams
 from radixserve.engine.constrained.bitmask import apply_grammar_mask, fill_grammar_mask, to_device
 from radixserve.engine.constrained.compiler import GrammarCompiler

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import register_engine
+from engine_pool import register_engine
 from radixserve.engine import LLM, SamplingParams
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.core import EngineCore
