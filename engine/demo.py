@@ -1,9 +1,10 @@
-"""The built-in demo model: a tiny random-weight Qwen3 checkpoint with a trained byte-level BPE
-tokenizer, generated offline in about a second, byte-for-byte deterministic for a given seed.
+"""The built-in demo model: a tiny Qwen3 checkpoint with a trained byte-level BPE tokenizer and
+weights trained for a few seconds on the same corpus (demo_train.py), generated offline,
+byte-for-byte deterministic for a given seed.
 
 It is what `radixserve serve --model demo` runs and what the parity tests build on
-(docs/reliability.md #25). Weights are random but scaled so that greedy decoding wanders over many
-tokens instead of repeating one; `tests/test_demo.py` asserts that with transformers as the judge.
+(docs/reliability.md #25). Greedy output is made of the corpus' words and phrases and still varies
+with the prompt; `tests/test_demo.py` asserts both with transformers as the judge.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 if TYPE_CHECKING:
     import torch
 
-# Bump whenever the corpus, the tokenizer recipe, the config or the weight init changes: the cached
-# copy lives under a versioned folder name, so an old cache is never mistaken for the new model.
-DEMO_VERSION = "1"
+# Bump whenever the corpus, the tokenizer recipe, the config, the weight init or the training
+# changes: the cached copy lives under a versioned folder name, so an old cache is never mistaken
+# for the new model.
+DEMO_VERSION = "2"
 DEMO_VOCAB_SIZE = 1024
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2: the trainer puts them first
@@ -63,6 +65,8 @@ DEMO_ARCH = DemoArch()
 # residual stream is mostly the input embedding, and the tied head maps it straight back). Unit
 # embeddings and linear layers at 3/sqrt(fan_in) let attention and MLP outweigh that, which makes
 # greedy output wander; norm weights and biases are jittered so a loader that drops them is caught.
+# The random test checkpoints (tests/checkpoints.py) use them as they are; the demo trains from a
+# scaled-down copy (demo_train.INIT_SCALE).
 EMBED_STD = 1.0
 LINEAR_GAIN = 3.0
 NORM_JITTER = 0.1
@@ -211,6 +215,10 @@ def create_demo_model(path: str | Path, *, seed: int = 0) -> Path:
         name: init_weight(name, shape, gen)
         for name, shape in sorted(qwen3_param_shapes(vocab_size).items())
     }
+    # Imported here, not at the top: demo_train imports this module's sizes.
+    from radixserve.engine.demo_train import train_weights
+
+    train_weights(tensors, tok.encode(CORPUS).ids, seed=seed)
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     _make_world_readable(path)
     return path
