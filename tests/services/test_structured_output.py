@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from radixserve.bench.grammar import nested_objects
 from radixserve.engine.sampling.params import MAX_CONSTRAINT_CHARS, SamplingParams
 from radixserve.services.common.errors import ServiceError
 from radixserve.services.gateway import convert as gw_convert
@@ -164,17 +165,6 @@ def test_queue_full_counts_requests_held_for_compilation() -> None:
 # -- the compile path through the in-process stack ------------------------------------------
 
 
-def _deep_schema(depth: int = 400) -> str:
-    """Objects nested `depth` deep (36 KB at 400): 9-15 s to compile on the demo tokenizer
-    (docs/benchmarks.md, "Grammar compile times"); built as text, json.dumps would recurse too
-    deep."""
-    schema = '{"type": "integer"}'
-    for i in range(depth):
-        schema = (f'{{"type": "object", "properties": {{"k{i}": {schema}, "z": {{"type": '
-                  f'"string"}}}}, "required": ["k{i}"]}}')
-    return schema
-
-
 def test_compile_limits_end_the_call_while_others_are_served(demo_path: str) -> None:
     """A real engine with small limits behind the in-process stack: too long a text and too slow
     a grammar each end their call with INVALID_ARGUMENT naming the limit and its flag; requests
@@ -193,8 +183,9 @@ def test_compile_limits_end_the_call_while_others_are_served(demo_path: str) -> 
         assert big.code == grpc.StatusCode.INVALID_ARGUMENT and big.responses == []
         assert "regex is 40001 bytes long; the limit is 40000" in big.details
         assert "--max-constraint-bytes" in big.details
+        # objects nested 400 deep (36 KB): 9-15 s to compile on the demo tokenizer
         slow = asyncio.create_task(
-            acollect(stub, request([5], max_new_tokens=8, json_schema=_deep_schema())))
+            acollect(stub, request([5], max_new_tokens=8, json_schema=nested_objects(400))))
         await until(lambda: len(stack.scheduler_app.compiler) == 1)
         served = 0
         while not slow.done():  # free and cached constrained requests go on meanwhile
