@@ -24,6 +24,7 @@ import torch
 from radixserve.engine.attention import AttentionBackend, AttentionMetadata
 from radixserve.engine.context import ForwardContext, forward_context
 from radixserve.engine.kvcache.pool import KVCachePool
+from radixserve.engine.memory import piece_buffer_bytes
 from radixserve.engine.models.base import CausalLM
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class PiecewiseGraphRunner:
                  buckets: list[int], dummy_page: int, stream: torch.cuda.Stream | None) -> None:
         assert buckets, "no token buckets to capture"
         self.model, self.backend, self.kv_pool, self.stream = model.model, backend, kv_pool, stream
+        self.args = model.args
         self.buckets = sorted(buckets)
         self.max_tokens = self.buckets[-1]
         self.dummy_loc = dummy_page * kv_pool.page_size
@@ -68,9 +70,7 @@ class PiecewiseGraphRunner:
 
     @property
     def buffer_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (
-            self.ids, self.positions, self.out_loc, self.q, self.attn_out, self.residual,
-            self.hidden))
+        return piece_buffer_bytes(self.args, self.max_tokens, self.q.dtype)
 
     def capture(self, progress: bool = True) -> int:
         """Capture every bucket's pieces (largest first; one memory pool for all: replays run one
