@@ -15,12 +15,21 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP_STRING: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORTED: _ClassVar[FinishReason]
+
+class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_STATE_UNSPECIFIED: _ClassVar[ReplicaState]
+    REPLICA_STATE_SERVING: _ClassVar[ReplicaState]
+    REPLICA_STATE_UNAVAILABLE: _ClassVar[ReplicaState]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_EOS: FinishReason
 FINISH_REASON_STOP_TOKEN: FinishReason
 FINISH_REASON_STOP_STRING: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORTED: FinishReason
+REPLICA_STATE_UNSPECIFIED: ReplicaState
+REPLICA_STATE_SERVING: ReplicaState
+REPLICA_STATE_UNAVAILABLE: ReplicaState
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -267,7 +276,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("version", "running_requests", "waiting_requests", "kv_pages_total", "kv_pages_free", "kv_pages_evictable", "prefix_cache_hit_rate", "kv_pages_protected", "page_size", "cached_tokens_total", "prompt_tokens_total", "gateway_live_requests", "detokenizer_live_requests")
+    __slots__ = ("version", "running_requests", "waiting_requests", "kv_pages_total", "kv_pages_free", "kv_pages_evictable", "prefix_cache_hit_rate", "kv_pages_protected", "page_size", "cached_tokens_total", "prompt_tokens_total", "gateway_live_requests", "detokenizer_live_requests", "replicas", "routing")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +290,8 @@ class GetServerInfoResponse(_message.Message):
     PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_LIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     DETOKENIZER_LIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
     version: str
     running_requests: int
     waiting_requests: int
@@ -294,4 +305,32 @@ class GetServerInfoResponse(_message.Message):
     prompt_tokens_total: int
     gateway_live_requests: int
     detokenizer_live_requests: int
-    def __init__(self, version: _Optional[str] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., kv_pages_evictable: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_pages_protected: _Optional[int] = ..., page_size: _Optional[int] = ..., cached_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., gateway_live_requests: _Optional[int] = ..., detokenizer_live_requests: _Optional[int] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    routing: str
+    def __init__(self, version: _Optional[str] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., kv_pages_evictable: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., kv_pages_protected: _Optional[int] = ..., page_size: _Optional[int] = ..., cached_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., gateway_live_requests: _Optional[int] = ..., detokenizer_live_requests: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., routing: _Optional[str] = ...) -> None: ...
+
+class ReplicaInfo(_message.Message):
+    __slots__ = ("address", "state", "running_requests", "waiting_requests", "kv_pages_total", "kv_pages_free", "prefix_cache_hit_rate", "cached_tokens_total", "prompt_tokens_total", "routed_requests", "in_flight_requests")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    state: ReplicaState
+    running_requests: int
+    waiting_requests: int
+    kv_pages_total: int
+    kv_pages_free: int
+    prefix_cache_hit_rate: float
+    cached_tokens_total: int
+    prompt_tokens_total: int
+    routed_requests: int
+    in_flight_requests: int
+    def __init__(self, address: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., cached_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., routed_requests: _Optional[int] = ..., in_flight_requests: _Optional[int] = ...) -> None: ...
