@@ -1,7 +1,7 @@
 """`radixserve bench serving`: online serving latency and throughput through the gateway.
 
-Requests are random token-id prompts (ids below min(vocab, 10000), input and output lengths
-uniform in [len * (1 - range_ratio), len]) sent with ignore_eos, so every request makes exactly
+Requests are random token-id prompts (bench/workloads.py: input and output lengths uniform in
+[len * (1 - range_ratio), len]) sent with ignore_eos, so every request makes exactly
 its output length. Arrivals are Poisson at --request-rate (or all at once: "inf", a burst),
 capped at each --concurrency level in turn. Metrics follow vLLM / SGLang definitions:
   TTFT  send -> first token;   TPOT  (E2E - TTFT) / (output tokens - 1) per request;
@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
+from radixserve.bench.workloads import Work, random_work
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -83,15 +84,9 @@ class LevelResult:
     goodput_s: float  # completed requests per second within both SLOs
 
 
-def _workload(cfg: BenchConfig, vocab: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(cfg.seed)
-    high = min(vocab, 10000)
-
-    def length(n: int) -> int:
-        return rng.randint(max(1, int(n * (1 - cfg.range_ratio))), n)
-
-    return [([rng.randrange(1, high) for _ in range(length(cfg.input_len))], length(cfg.output_len))
-            for _ in range(cfg.num_prompts)]
+def _workload(cfg: BenchConfig, vocab: int) -> Work:
+    return random_work(cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.range_ratio, vocab,
+                       cfg.seed)
 
 
 async def _one(stub: pb_grpc.GenerateServiceStub, prompt: list[int], max_new: int,
@@ -125,7 +120,7 @@ async def _one(stub: pb_grpc.GenerateServiceStub, prompt: list[int], max_new: in
 
 
 async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrency: int,
-                 work: list[tuple[list[int], int]], rate: float) -> LevelResult:
+                 work: Work, rate: float) -> LevelResult:
     gate = asyncio.Semaphore(concurrency)
     rng = random.Random(cfg.seed + concurrency)
 
