@@ -1,12 +1,19 @@
 """`radixserve bench serving`: online serving latency and throughput through the gateway.
 
-Requests are random token-id prompts (bench/workloads.py: input and output lengths uniform in
-[len * (1 - range_ratio), len]) sent with ignore_eos, so every request makes exactly
-its output length. Arrivals are Poisson at --request-rate (or all at once: "inf", a burst),
-capped at each --concurrency level in turn. Metrics follow vLLM / SGLang definitions:
+Requests are token-id prompts (bench/workloads.py) sent with ignore_eos, so every request makes
+exactly its output length: --workload random (input and output lengths uniform in
+[len * (1 - range_ratio), len]) or shared-prefix (--groups x --per-group requests sharing a
+--prefix-len "system prompt" per group, each with its own --suffix-len ids, shuffled; each level
+draws prefixes of its own, so no level finds another's in the cache). Arrivals are Poisson at
+--request-rate (or all at once: "inf", a burst), capped at each --concurrency level in turn.
+Metrics follow vLLM / SGLang definitions:
   TTFT  send -> first token;   TPOT  (E2E - TTFT) / (output tokens - 1) per request;
   ITL   gap between consecutive token arrivals;   E2E  send -> last event;
-  output tok/s = all output tokens / wall time of the level.
+  output tok/s = all output tokens / wall time of the level;
+  cached  prompt tokens served from the prefix cache / prompt tokens, from the Finished events
+          ("srv cached": the same from GetServerInfo's totals before and after the level).
+GetServerInfo is polled during each level; a server with several scheduler replicas gets a table
+per level of each one's routed requests, peak running / waiting and cache share.
 """
 
 from __future__ import annotations
@@ -24,7 +31,21 @@ from typing import Any
 
 import grpc
 from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
-from radixserve.bench.workloads import Work, random_work
+from radixserve.bench.server_info import (
+    POLL_INTERVAL_S,
+    ReplicaLoad,
+    ServerWatch,
+    cached_share,
+    replica_table,
+)
+from radixserve.bench.workloads import (
+    WORKLOADS,
+    SharedPrefix,
+    Work,
+    random_work,
+    shared_prefix_work,
+    warm_up_prompts,
+)
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -46,6 +67,9 @@ class BenchConfig:
     rate_fractions: tuple[float, ...] = ()
     slo_ttft_ms: float = float("inf")  # goodput counts requests within both SLOs
     slo_tpot_ms: float = float("inf")
+    # The shared-prefix workload (every request decodes exactly output_len); None: random.
+    shared_prefix: SharedPrefix | None = None
+    poll_interval_s: float = POLL_INTERVAL_S  # GetServerInfo during a level
 
     def __post_init__(self) -> None:
         if not self.concurrencies or min(self.concurrencies) < 1:
@@ -56,6 +80,8 @@ class BenchConfig:
             raise ValueError("range-ratio must be in [0, 1) and request-rate > 0")
         if any(not 0 < f for f in self.rate_fractions):
             raise ValueError("rate fractions must be > 0")
+        if not self.poll_interval_s > 0:
+            raise ValueError("poll-interval must be > 0")
 
 
 @dataclass
@@ -66,6 +92,8 @@ class RequestRecord:
     e2e_s: float = 0.0
     itl_s: list[float] = field(default_factory=list)
     error: str = ""
+    prompt_tokens: int = 0  # summed over the Finished events (one per completion)
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,9 +110,17 @@ class LevelResult:
     itl_ms: dict[str, float]
     e2e_ms: dict[str, float]
     goodput_s: float  # completed requests per second within both SLOs
+    cached_share: float  # prompt tokens served from the prefix cache, by the Finished events
+    server_cached_share: float  # the same by GetServerInfo's totals before and after the level
+    routing: str  # the routing policy GetServerInfo names ("" from a server without replicas)
+    replicas: list[ReplicaLoad]  # one per scheduler replica GetServerInfo reports
 
 
-def _workload(cfg: BenchConfig, vocab: int) -> Work:
+def _workload(cfg: BenchConfig, vocab: int, level: int = 0) -> Work:
+    """The requests of level `level` (0 first): the same random ones at every level; shared-prefix
+    prefixes of the level's own."""
+    if cfg.shared_prefix is not None:
+        return shared_prefix_work(cfg.shared_prefix, cfg.output_len, vocab, cfg.seed + level)
     return random_work(cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.range_ratio, vocab,
                        cfg.seed)
 
@@ -102,6 +138,9 @@ async def _one(stub: pb_grpc.GenerateServiceStub, prompt: list[int], max_new: in
     last: dict[int, float] = {}  # per completion: when its previous token came
     try:
         async for response in stub.Generate(req):
+            if response.HasField("finished"):
+                record.prompt_tokens += response.finished.usage.prompt_tokens
+                record.cached_tokens += response.finished.usage.cached_tokens
             if not response.HasField("delta") or not response.delta.token_ids:
                 continue
             now = time.perf_counter()
@@ -129,13 +168,14 @@ async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrenc
             return await _one(stub, prompt, max_new, cfg.temperature, cfg.n)
 
     tasks = []
-    began = time.perf_counter()
-    for prompt, max_new in work:
-        tasks.append(asyncio.create_task(limited(prompt, max_new)))
-        if rate != float("inf"):
-            await asyncio.sleep(rng.expovariate(rate))
-    records = await asyncio.gather(*tasks)
-    duration = time.perf_counter() - began
+    async with ServerWatch(stub, cfg.poll_interval_s) as watch:
+        began = time.perf_counter()
+        for prompt, max_new in work:
+            tasks.append(asyncio.create_task(limited(prompt, max_new)))
+            if rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(rate))
+        records = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - began
     done = [r for r in records if r.ok]
     for r in records:
         if not r.ok:
@@ -152,18 +192,31 @@ async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrenc
         ttft_ms=percentiles([r.ttft_s for r in done]), tpot_ms=percentiles(tpot),
         itl_ms=percentiles([g for r in done for g in r.itl_s]),
         e2e_ms=percentiles([r.e2e_s for r in done]),
+        cached_share=cached_share(sum(r.cached_tokens for r in done),
+                                  sum(r.prompt_tokens for r in done)),
+        server_cached_share=watch.cached_share, routing=watch.last.routing,
+        replicas=watch.replicas(),
     )
 
 
 async def run(cfg: BenchConfig) -> list[LevelResult]:
     async with grpc.aio.insecure_channel(cfg.target) as channel:
         stub = pb_grpc.GenerateServiceStub(channel)
-        info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
-        work = _workload(cfg, info.vocab_size)
-        await _one(stub, work[0][0], 2, cfg.temperature)  # warm the path end to end
-        results = [await _level(stub, cfg, c, work, cfg.request_rate) for c in cfg.concurrencies]
+        vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
+        server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
+        # Warm the path end to end with prompts no level sends: one per replica, sent together so
+        # that a router spreads them.
+        sp = cfg.shared_prefix
+        length = sp.prefix_len + sp.suffix_len if sp is not None else cfg.input_len
+        warm = warm_up_prompts(max(1, len(server.replicas)), length, vocab, cfg.seed)
+        await asyncio.gather(*(_one(stub, prompt, 2, cfg.temperature) for prompt in warm))
+        results = []
+        for level, c in enumerate(cfg.concurrencies):
+            work = _workload(cfg, vocab, level)
+            results.append(await _level(stub, cfg, c, work, cfg.request_rate))
         peak = max(r.request_s for r in results)
-        for fraction in cfg.rate_fractions:
+        for level, fraction in enumerate(cfg.rate_fractions, start=len(results)):
+            work = _workload(cfg, vocab, level)
             results.append(await _level(stub, cfg, max(cfg.concurrencies), work, fraction * peak))
         return results
 
@@ -172,7 +225,8 @@ def format_table(results: list[LevelResult]) -> str:
     head = (f"{'conc':>5} {'rate':>6} {'ok':>5} {'fail':>4} {'tok/s':>8} {'req/s':>6} "
             f"{'good/s':>6} "
             f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} "
-            f"{'ITL p50':>8} {'ITL p99':>8} {'E2E p50':>9} {'E2E p99':>9}")
+            f"{'ITL p50':>8} {'ITL p99':>8} {'E2E p50':>9} {'E2E p99':>9} "
+            f"{'cached':>6} {'srv cached':>10}")
     rows = [head, "-" * len(head)]
     for r in results:
         rows.append(
@@ -180,8 +234,20 @@ def format_table(results: list[LevelResult]) -> str:
             f"{r.output_tok_s:>8.1f} {r.request_s:>6.2f} {r.goodput_s:>6.2f} "
             f"{r.ttft_ms['p50']:>9.1f} {r.ttft_ms['p99']:>9.1f} "
             f"{r.tpot_ms['p50']:>9.1f} {r.tpot_ms['p99']:>9.1f} {r.itl_ms['p50']:>8.1f} "
-            f"{r.itl_ms['p99']:>8.1f} {r.e2e_ms['p50']:>9.1f} {r.e2e_ms['p99']:>9.1f}")
-    return "\n".join(rows) + "\n(latencies in ms)"
+            f"{r.itl_ms['p99']:>8.1f} {r.e2e_ms['p50']:>9.1f} {r.e2e_ms['p99']:>9.1f} "
+            f"{r.cached_share:>6.3f} {r.server_cached_share:>10.3f}")
+    return "\n".join(rows) + "\n(latencies in ms; cached: share of prompt tokens from the cache)"
+
+
+def format_report(results: list[LevelResult]) -> str:
+    """The table, then each level's replicas when the server reports any."""
+    parts = [format_table(results)]
+    for r in results:
+        if r.replicas:
+            routing = f", routing {r.routing}" if r.routing else ""
+            parts.append(f"\nreplicas at concurrency {r.concurrency}, rate {r.request_rate:.1f}"
+                         f"{routing}:\n{replica_table(r.replicas)}")
+    return "\n".join(parts)
 
 
 def offline_tok_s(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float:
@@ -195,13 +261,27 @@ def offline_tok_s(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     fields.pop("model_path")
     llm = LLM(model, **fields)
-    work = _workload(cfg, llm.core.model_info.vocab_size)
+    vocab = llm.core.model_info.vocab_size
+    work = _workload(cfg, vocab)
     params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=m, ignore_eos=True)
               for _, m in work]
-    llm.generate([work[0][0]], SamplingParams(max_new_tokens=2))  # warm-up, as the gateway run does
+    warm = warm_up_prompts(1, len(work[0][0]), vocab, cfg.seed)  # as the gateway run warms up
+    llm.generate(warm, SamplingParams(max_new_tokens=2))
     start = time.perf_counter()
     outs = llm.generate([p for p, _ in work], params)
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
+
+
+def workload_argv(cfg: BenchConfig) -> list[str]:
+    """The flags that make `cfg`'s requests (its first level's)."""
+    argv = ["--output-len", str(cfg.output_len), "--seed", str(cfg.seed)]
+    if cfg.shared_prefix is None:
+        return [*argv, "--num-prompts", str(cfg.num_prompts), "--input-len", str(cfg.input_len),
+                "--range-ratio", str(cfg.range_ratio)]
+    sp = cfg.shared_prefix
+    return [*argv, "--workload", "shared-prefix", "--groups", str(sp.groups), "--per-group",
+            str(sp.per_group), "--prefix-len", str(sp.prefix_len), "--suffix-len",
+            str(sp.suffix_len)]
 
 
 def offline_in_child(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float:
@@ -210,10 +290,8 @@ def offline_in_child(model: str, cfg: BenchConfig, serve_flags: list[str]) -> fl
     the baseline sized its KV pool from memory that the stopping services had not yet returned,
     and varied by a third between runs.)"""
     argv = [sys.executable, "-m", "radixserve.bench.serving", "--offline-only", "--launch",
-            "--model", model,
-            "--num-prompts", str(cfg.num_prompts), "--input-len", str(cfg.input_len),
-            "--output-len", str(cfg.output_len), "--range-ratio", str(cfg.range_ratio),
-            "--temperature", str(cfg.temperature), "--seed", str(cfg.seed), "--", *serve_flags]
+            "--model", model, *workload_argv(cfg), "--temperature", str(cfg.temperature),
+            "--", *serve_flags]
     out = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout
     return float(json.loads(out.strip().splitlines()[-1])["offline_tok_s"])
 
@@ -221,11 +299,22 @@ def offline_in_child(model: str, cfg: BenchConfig, serve_flags: list[str]) -> fl
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixserve bench serving", description=__doc__.split("\n")[0])
     add_stack_args(p)
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--range-ratio", type=float, default=0.5)
+    p.add_argument("--workload", choices=WORKLOADS, default="random")
+    p.add_argument("--concurrency", default=None,
+                   help="comma-separated levels (default 1,4,16; shared-prefix: 256)")
+    p.add_argument("--num-prompts", type=int, default=64, help="random workload")
+    p.add_argument("--input-len", type=int, default=128, help="random workload")
+    p.add_argument("--output-len", type=int, default=None,
+                   help="the most output tokens (default 64); shared-prefix: exactly (256)")
+    p.add_argument("--range-ratio", type=float, default=0.5, help="random workload")
+    sp = SharedPrefix()
+    p.add_argument("--groups", type=int, default=sp.groups, help="shared-prefix: prefix groups")
+    p.add_argument("--per-group", type=int, default=sp.per_group,
+                   help="shared-prefix: requests per group")
+    p.add_argument("--prefix-len", type=int, default=sp.prefix_len,
+                   help="shared-prefix: ids of a group's shared prefix")
+    p.add_argument("--suffix-len", type=int, default=sp.suffix_len,
+                   help="shared-prefix: ids of each request's own suffix")
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="Poisson arrivals per second (default inf: a burst)")
     p.add_argument("--rate-fractions", default="",
@@ -238,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n", type=int, default=1, help="completions per request (sampling.n)")
+    p.add_argument("--poll-interval", type=float, default=POLL_INTERVAL_S,
+                   help="seconds between GetServerInfo polls during a level")
     p.add_argument("--offline-baseline", action="store_true",
                    help="first run the same requests through the offline engine (--model, the "
                         "engine flags given to serve after --) and report the ratio")
@@ -246,18 +337,27 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parse_stack_args(p, argv)
     if args.n > 1 and args.offline_baseline:
         p.error("--offline-baseline runs one completion per request: leave --n at 1")
-    cfg = BenchConfig(args.target, tuple(int(c) for c in args.concurrency.split(",")),
-                      args.num_prompts, args.input_len, args.output_len, args.range_ratio,
-                      args.request_rate, args.temperature, args.seed, args.n,
-                      tuple(float(f) for f in args.rate_fractions.split(",") if f),
-                      args.slo_ttft_ms, args.slo_tpot_ms)
+    shared = args.workload == "shared-prefix"
+    try:
+        cfg = BenchConfig(
+            args.target,
+            tuple(int(c) for c in (args.concurrency or ("256" if shared else "1,4,16")).split(",")),
+            args.num_prompts, args.input_len,
+            args.output_len if args.output_len is not None else (256 if shared else 64),
+            args.range_ratio, args.request_rate, args.temperature, args.seed, args.n,
+            tuple(float(f) for f in args.rate_fractions.split(",") if f),
+            args.slo_ttft_ms, args.slo_tpot_ms,
+            SharedPrefix(args.groups, args.per_group, args.prefix_len, args.suffix_len)
+            if shared else None, args.poll_interval)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.offline_only:  # the child of offline_in_child
         print(json.dumps({"offline_tok_s": offline_tok_s(args.model, cfg, extra)}))
         return 0
     offline = offline_in_child(args.model, cfg, extra) if args.offline_baseline else None
     with stack(args, extra) as (target, _):
         results = asyncio.run(run(dataclasses.replace(cfg, target=target)))
-    print(format_table(results))
+    print(format_report(results))
     payload: dict[str, Any] = {"config": asdict(cfg), "results": [asdict(r) for r in results]}
     if offline is not None:
         best = max(results, key=lambda r: r.output_tok_s)
