@@ -14,6 +14,8 @@ Metrics follow vLLM / SGLang definitions:
           ("srv cached": the same from GetServerInfo's totals before and after the level).
 GetServerInfo is polled during each level; a server with several scheduler replicas gets a table
 per level of each one's routed requests, peak running / waiting and cache share.
+--compare-routing runs the whole thing once per routing policy, each on a fresh --launch'ed server
+(`serve --routing P` and the flags after --), and ends with one table side by side.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ from radixserve.bench.workloads import (
 )
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+# What `serve --routing` takes: how a gateway in front of several scheduler replicas picks one.
+ROUTING_POLICIES = ("cache_aware", "least_load", "round_robin")
 
 
 @dataclass(frozen=True)
@@ -250,6 +255,19 @@ def format_report(results: list[LevelResult]) -> str:
     return "\n".join(parts)
 
 
+def format_comparison(runs: dict[str, list[LevelResult]]) -> str:
+    """One row per routing policy and level: the figures that tell the policies apart."""
+    head = (f"{'routing':<12} {'conc':>5} {'rate':>6} {'ok':>5} {'fail':>4} {'tok/s':>8} "
+            f"{'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'cached':>6} {'srv cached':>10}")
+    rows = [head, "-" * len(head)]
+    for policy, results in runs.items():
+        rows += [f"{policy:<12} {r.concurrency:>5} {r.request_rate:>6.1f} {r.completed:>5} "
+                 f"{r.failed:>4} {r.output_tok_s:>8.1f} {r.request_s:>6.2f} "
+                 f"{r.ttft_ms['p50']:>9.1f} {r.ttft_ms['p99']:>9.1f} {r.cached_share:>6.3f} "
+                 f"{r.server_cached_share:>10.3f}" for r in results]
+    return "\n".join(rows) + "\n(TTFT in ms; cached: share of prompt tokens from the cache)"
+
+
 def offline_tok_s(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float:
     """The same workload through the offline engine, configured as `radixserve serve --model MODEL
     SERVE_FLAGS` configures its scheduler: the service plane's ceiling."""
@@ -296,6 +314,23 @@ def offline_in_child(model: str, cfg: BenchConfig, serve_flags: list[str]) -> fl
     return float(json.loads(out.strip().splitlines()[-1])["offline_tok_s"])
 
 
+def routing_runs(args: argparse.Namespace, cfg: BenchConfig, serve_flags: list[str],
+                 policies: list[str] | None) -> dict[str, list[LevelResult]]:
+    """The levels of `cfg` per routing policy, each on a stack of its own started with
+    `--routing P` after `serve_flags`; without policies, one run keyed by "" on the stack as
+    given (--target, or --launch with `serve_flags`)."""
+    runs = {}
+    for policy in policies or [""]:
+        flags = [*serve_flags, "--routing", policy] if policy else serve_flags
+        with stack(args, flags) as (target, _):
+            runs[policy] = asyncio.run(run(dataclasses.replace(cfg, target=target)))
+        reported = {r.routing for r in runs[policy]} - {""}
+        if policy and reported - {policy}:
+            print(f"asked for routing {policy}, the server reports {sorted(reported)}",
+                  file=sys.stderr)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixserve bench serving", description=__doc__.split("\n")[0])
     add_stack_args(p)
@@ -329,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=1, help="completions per request (sampling.n)")
     p.add_argument("--poll-interval", type=float, default=POLL_INTERVAL_S,
                    help="seconds between GetServerInfo polls during a level")
+    p.add_argument("--compare-routing", nargs="?", const=",".join(ROUTING_POLICIES),
+                   metavar="POLICIES",
+                   help="with --launch: run once per routing policy (default all: "
+                        f"{','.join(ROUTING_POLICIES)}), each on a fresh server")
     p.add_argument("--offline-baseline", action="store_true",
                    help="first run the same requests through the offline engine (--model, the "
                         "engine flags given to serve after --) and report the ratio")
@@ -337,6 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parse_stack_args(p, argv)
     if args.n > 1 and args.offline_baseline:
         p.error("--offline-baseline runs one completion per request: leave --n at 1")
+    policies = None
+    if args.compare_routing is not None:
+        policies = [x for x in args.compare_routing.split(",") if x]
+        if not args.launch or not policies or set(policies) - set(ROUTING_POLICIES):
+            p.error(f"--compare-routing takes policies among {','.join(ROUTING_POLICIES)} and "
+                    f"needs --launch (each policy gets a server of its own)")
+        if any(a == "--routing" or a.startswith("--routing=") for a in extra):
+            p.error("--compare-routing sets --routing for serve: leave it out of the serve flags")
     shared = args.workload == "shared-prefix"
     try:
         cfg = BenchConfig(
@@ -355,12 +402,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"offline_tok_s": offline_tok_s(args.model, cfg, extra)}))
         return 0
     offline = offline_in_child(args.model, cfg, extra) if args.offline_baseline else None
-    with stack(args, extra) as (target, _):
-        results = asyncio.run(run(dataclasses.replace(cfg, target=target)))
-    print(format_report(results))
-    payload: dict[str, Any] = {"config": asdict(cfg), "results": [asdict(r) for r in results]}
+    runs = routing_runs(args, cfg, extra, policies)
+    for policy, results in runs.items():
+        print(f"\nrouting {policy}:" if policy else "", format_report(results), sep="\n")
+    if policies:
+        print(f"\n{format_comparison(runs)}")
+    payload: dict[str, Any] = {"config": asdict(cfg)}
+    if policies:
+        payload["by_routing"] = {k: [asdict(r) for r in rs] for k, rs in runs.items()}
+    else:
+        payload["results"] = [asdict(r) for r in runs[""]]
+    every = [r for results in runs.values() for r in results]
     if offline is not None:
-        best = max(results, key=lambda r: r.output_tok_s)
+        best = max(every, key=lambda r: r.output_tok_s)
         payload["offline_tok_s"] = offline
         print(f"offline engine, same requests: {offline:.1f} tok/s; best through the gateway: "
               f"{best.output_tok_s:.1f} tok/s at concurrency {best.concurrency} "
@@ -368,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(payload, f, indent=2)
-    return 1 if any(r.failed for r in results) else 0
+    return 1 if any(r.failed for r in every) else 0
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """bench serving's shared-prefix workload end to end, against a one-replica `radixserve serve`
 started the way `--launch` starts it (CPU, the demo model, tiny sizes): a group's requests after
-its first are served their prefix from the cache. No timing is asserted (a loaded 2-core machine
-runs these)."""
+its first are served their prefix from the cache, and --compare-routing gives each policy a
+server of its own. No timing is asserted (a loaded 2-core machine runs these)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,7 +60,40 @@ def test_shared_prefix_requests_reuse_their_group_prefix(
     assert _idle(target)  # every page back in the pool, nothing held by the gateway
 
 
+def test_compare_routing_runs_each_policy_on_a_server_of_its_own(
+        target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Today's `serve` takes no --routing: each launch gets the module's server, and the test
+    checks what each would have been started with."""
+    launched: list[list[str]] = []
+
+    @contextlib.contextmanager
+    def one_server(args: argparse.Namespace, flags: list[str]) -> Iterator[tuple[str, None]]:
+        assert args.launch
+        launched.append(flags)
+        yield target, None
+
+    monkeypatch.setattr(serving, "stack", one_server)
+    out = tmp_path / "routing.json"
+    code = serving.main(["--launch", *TINY, "--concurrency", "2", "--compare-routing",
+                         "least_load,round_robin", "--json", str(out), "--", *SERVE_FLAGS])
+    assert code == 0
+    assert launched == [[*SERVE_FLAGS, "--routing", "least_load"],
+                        [*SERVE_FLAGS, "--routing", "round_robin"]]
+    data = json.loads(out.read_text())
+    assert list(data["by_routing"]) == ["least_load", "round_robin"]
+    for (level,) in data["by_routing"].values():
+        assert level["completed"] == 9 and level["cached_share"] > 0
+    printed = capsys.readouterr()
+    table = printed.out[printed.out.index("routing       conc"):].splitlines()
+    assert [row.split()[0] for row in table[2:4]] == ["least_load", "round_robin"]
+    assert "the server reports" not in printed.err  # it names no policy, so no mismatch
+
+
 @pytest.mark.parametrize("argv", [
+    ["--compare-routing"],  # needs --launch: each policy gets a fresh server
+    ["--launch", "--compare-routing", "fastest"],
+    ["--launch", "--compare-routing", "--", "--routing", "round_robin"],
     ["--workload", "shared-prefix", "--prefix-len", "0"],
 ])
 def test_bad_flags_are_refused_before_anything_starts(argv: list[str]) -> None:
