@@ -4,7 +4,8 @@ One module per benchmark, named as the command names it; each has `main(argv) ->
 (None reads as 0). BENCHMARKS is the only list of names: `radixserve bench` resolves NAME there
 and nowhere else. Shared helpers: common (device name, tables, JSON lines), driver (an EngineCore
 driven step by step), models (config.json of public models), process (the stack a service
-benchmark drives, percentiles, RSS and open files of the services).
+benchmark drives, percentiles, RSS and open files of the services), workloads (serving's request
+lists), server_info (GetServerInfo during a serving level: cache totals, per-replica load).
 
 Imports point one way: a benchmark may use engine, services and clients; nothing there imports
 this package (the CLI only dispatches to it).
