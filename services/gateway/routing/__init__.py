@@ -1,0 +1,1 @@
+"""Request routing over data-parallel scheduler replicas."""
