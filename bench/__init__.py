@@ -28,6 +28,7 @@ BENCHMARKS = {
     "kernels": "GPU kernel micro-benchmarks and ceilings",
     "suite": "the GPU figures of one model in one process",
     "grammar": "structured-output compile times of pathological constraints",
+    "routing": "cost of the gateway's replica pick (cache-aware prefix trees) per request",
     "serving": "TTFT, TPOT, ITL, E2E and throughput through the gateway",
     "overload": "refusals and admitted streams at 3x the saturating arrival rate",
     "abort": "client cancel -> request freed by the scheduler, at N running",
