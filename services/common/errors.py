@@ -152,7 +152,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
     def _wrap_stream(self, method: str, behavior: Callable[..., Any]) -> Callable:
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """Keeps the handler's style (an async generator, or a coroutine that writes with
+        `context.write`, like grpc's own health Watch): grpc forbids mixing the two."""
+        if not inspect.isasyncgenfunction(behavior):
+            return self._wrap_unary(method, behavior)  # same guard: one awaited call
+
+        async def streaming(request: Any, context: grpc.aio.ServicerContext
+                            ) -> AsyncIterator[Any]:
             self.open_calls += 1
             try:
                 _reject_malformed(request)
@@ -165,7 +171,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 self.open_calls -= 1
             self._report(method, grpc.StatusCode.OK)
 
-        return wrapped
+        return streaming
 
     async def _fail(self, method: str, exc: BaseException,
                     context: grpc.aio.ServicerContext) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -147,6 +147,12 @@ async def check_health(address: str, service: str = "", timeout: float = 1.0) ->
 
 class NotServing(Exception):
     """A backend answered its health check with something other than SERVING."""
+
+
+async def watch_serving(stub: health_pb2_grpc.HealthStub) -> AsyncIterator[bool]:
+    """A peer's health as it changes: True for SERVING, False for anything else."""
+    async for reply in stub.Watch(health_pb2.HealthCheckRequest(service="")):
+        yield reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 async def require_serving(stub: health_pb2_grpc.HealthStub, timeout: float = 2.0) -> None:

@@ -30,6 +30,8 @@ from radixserve.services.gateway.types import (
     ModelInfo,
     Output,
     Prompt,
+    ReplicaReport,
+    ReplicaStats,
     Started,
     TextPrompt,
 )
@@ -299,26 +301,22 @@ def subscribe_request() -> detok_pb.SubscribeRequest:
     return detok_pb.SubscribeRequest()
 
 
-def stats_from_pb(sched: sched_pb.GetStatsResponse, detok: detok_pb.GetStatsResponse
-                  ) -> dict[str, int]:
-    """The backends' counters, under GetServerInfoResponse's names where they have one."""
-    stats = {f.name: getattr(sched, f.name) for f in sched.DESCRIPTOR.fields}
-    stats["detokenizer_live_requests"] = detok.live_requests
-    return stats
+def replica_stats_from_pb(msg: sched_pb.GetStatsResponse) -> ReplicaStats:
+    return ReplicaStats(*(getattr(msg, name) for name in ReplicaStats._fields))
 
 
-def model_info_from_pb(
-    msg: sched_pb.GetModelInfoResponse, tok: tok_pb.GetTokenizerInfoResponse
-) -> ModelInfo:
-    return ModelInfo(
-        model_name=msg.model_name,
-        architecture=msg.architecture,
-        vocab_size=msg.vocab_size,
-        max_context=msg.max_context,
-        eos_token_ids=tuple(msg.eos_token_ids),
-        dtype=msg.dtype,
-        has_chat_template=tok.has_chat_template,
-    )
+def live_requests_from_pb(msg: detok_pb.GetStatsResponse) -> int:
+    return msg.live_requests
+
+
+def model_info_from_pb(msg: sched_pb.GetModelInfoResponse) -> ModelInfo:
+    """A scheduler's model; `has_chat_template` is the tokenizer's to say (`has_chat_template`)."""
+    return ModelInfo(msg.model_name, msg.architecture, msg.vocab_size, msg.max_context,
+                     tuple(msg.eos_token_ids), msg.dtype, has_chat_template=False)
+
+
+def has_chat_template(msg: tok_pb.GetTokenizerInfoResponse) -> bool:
+    return msg.has_chat_template
 
 
 def tokenize_prompt_from_pb(request: pb.TokenizeRequest) -> Prompt:
@@ -350,9 +348,37 @@ def abort_response_to_pb(aborted: int) -> pb.AbortResponse:
     return pb.AbortResponse(aborted=aborted)
 
 
-def server_info_to_pb(version: str, stats: dict[str, int]) -> pb.GetServerInfoResponse:
-    prompt_total = stats.get("prompt_tokens_total", 0)
-    hit_rate = stats.get("cached_tokens_total", 0) / prompt_total if prompt_total else 0.0
-    fields = {f.name for f in pb.GetServerInfoResponse.DESCRIPTOR.fields}
-    known = {k: v for k, v in stats.items() if k in fields}
-    return pb.GetServerInfoResponse(version=version, prefix_cache_hit_rate=hit_rate, **known)
+_REPLICA_FIELDS = ("running_requests", "waiting_requests", "kv_pages_total", "kv_pages_free",
+                   "cached_tokens_total", "prompt_tokens_total")
+
+
+def _hit_rate(cached: int, prompt: int) -> float:
+    return cached / prompt if prompt else 0.0
+
+
+def _replica_to_pb(report: ReplicaReport) -> pb.ReplicaInfo:
+    state = pb.REPLICA_STATE_SERVING if report.serving else pb.REPLICA_STATE_UNAVAILABLE
+    msg = pb.ReplicaInfo(address=report.address, state=state, routed_requests=report.routed,
+                         in_flight_requests=report.in_flight)
+    if report.stats is not None:
+        for name in _REPLICA_FIELDS:
+            setattr(msg, name, getattr(report.stats, name))
+        msg.prefix_cache_hit_rate = _hit_rate(msg.cached_tokens_total, msg.prompt_tokens_total)
+    return msg
+
+
+def server_info_to_pb(version: str, routing: str, replicas: list[ReplicaReport],
+                      live: dict[str, int]) -> pb.GetServerInfoResponse:
+    """Totals over the serving replicas that have answered, then each replica; `live` holds
+    gateway_live_requests and detokenizer_live_requests."""
+    msg = pb.GetServerInfoResponse(version=version, routing=routing, **live)
+    for report in replicas:
+        stats = report.stats
+        if report.serving and stats is not None:
+            for name in ReplicaStats._fields:
+                if name != "page_size":
+                    setattr(msg, name, getattr(msg, name) + getattr(stats, name))
+            msg.page_size = stats.page_size
+    msg.prefix_cache_hit_rate = _hit_rate(msg.cached_tokens_total, msg.prompt_tokens_total)
+    msg.replicas.extend(_replica_to_pb(report) for report in replicas)
+    return msg

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
 from radixserve.services.common.errors import (
-    RETRY_AFTER_MS,
     ServiceError,
     invalid_argument,
     overloaded,
@@ -28,6 +27,7 @@ from radixserve.services.gateway import convert
 from radixserve.services.gateway.inbox import Aborted, Accepted, Item, coalesce, take_all
 from radixserve.services.gateway.links import Links, SchedulerEvents
 from radixserve.services.gateway.metrics import GatewayMetrics
+from radixserve.services.gateway.replica import SchedulerReplica
 from radixserve.services.gateway.types import (
     Delta,
     Event,
@@ -39,6 +39,7 @@ from radixserve.services.gateway.types import (
     ModelInfo,
     Output,
     Prompt,
+    ReplicaReport,
     Started,
 )
 
@@ -68,7 +69,7 @@ class RequestHandle:
     spec: GenerateSpec
     t0: float = field(default_factory=time.monotonic)
     inbox: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
-    submitted: bool = False
+    replica: SchedulerReplica | None = None  # where it was submitted
     finished: bool = False  # the scheduler holds nothing more for it (all done, or refused)
     aborted: bool = False  # by the Abort RPC; may come before submission (while tokenizing)
     done: set[int] = field(default_factory=set)  # completions that have had their Finished
@@ -98,9 +99,6 @@ class Frontend(SchedulerEvents):
         self._by_rid: dict[str, RequestHandle] = {}
         self._by_public: dict[str, RequestHandle] = {}
         self.draining = False
-        self._held = 0  # requests the scheduler holds for this gateway (submitted, not ended)
-        # (held, when, n) at the last queue-full answer, for a call of n completions.
-        self._full: tuple[int, float, int] | None = None
 
     @property
     def live_requests(self) -> int:
@@ -119,17 +117,9 @@ class Frontend(SchedulerEvents):
         self.model_info()
         if len(self._by_rid) + spec.n > self._config.max_in_flight:
             raise overloaded("too many requests in flight")
-        if self._full is not None:
-            # The scheduler said "queue full" while it held `held` of ours. Only one of them
-            # ending can make room (slots, queue and pages are freed by finishes and aborts), so
-            # until then refuse here, without a round trip (docs/reliability.md #15: <= 10 ms).
-            # The hint expires with the retry-after time, for gateways that share a scheduler.
-            # A call of fewer completions than the refused one may still fit.
-            held, when, n = self._full
-            if self._held < held or time.monotonic() - when >= RETRY_AFTER_MS / 1000:
-                self._full = None
-            elif spec.n >= n:
-                raise overloaded("queue full")
+        if self._links.all_full(spec.n):
+            # Refused here, without a round trip (docs/reliability.md #15: <= 10 ms).
+            raise overloaded("queue full")
         public_id = spec.request_id or uuid.uuid4().hex
         if public_id in self._by_public:
             raise invalid_argument(f"request_id {public_id!r} is already running")
@@ -154,13 +144,16 @@ class Frontend(SchedulerEvents):
                 # with one status (services/scheduler/groups.py), so the first rejection of any
                 # member ends the call and leaves nothing to abort.
                 group = handle.rids[0] if n > 1 else ""
-                self._links.submit([
+                replica = self._links.pick(prompt_ids, n)
+                replica.submit([
                     convert.new_request_to_pb(rid, prompt_ids, _completion_params(params, i),
                                               handle.spec.skip_special_tokens, group)
                     for i, rid in enumerate(handle.rids)
                 ])
-                handle.submitted = True
-                self._held += n
+                handle.replica = replica
+                replica.in_flight += n
+                if self._metrics is not None:
+                    self._metrics.routed.labels(replica=replica.address).inc(n)
             async for event in self._stream(handle, prompt_ids):
                 yield event
         finally:
@@ -169,12 +162,13 @@ class Frontend(SchedulerEvents):
             self._by_public.pop(handle.public_id, None)
             if self._metrics is not None:
                 self._metrics.in_flight.dec()
-            if handle.submitted:
-                self._held -= n
-            if handle.submitted and not handle.finished:
-                for i, rid in enumerate(handle.rids):
-                    if i not in handle.done:
-                        self._links.abort(rid)
+            replica = handle.replica
+            if replica is not None:
+                replica.in_flight -= n
+                if not handle.finished:
+                    for i, rid in enumerate(handle.rids):
+                        if i not in handle.done:
+                            replica.abort(rid)
 
     async def _prompt_ids(self, rid: str, prompt: Prompt, info: ModelInfo) -> list[int]:
         if isinstance(prompt, IdsPrompt):
@@ -231,7 +225,8 @@ class Frontend(SchedulerEvents):
             item = ready.pop(0)
             if isinstance(item, Failure):
                 if item.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    self._full = (self._held - n, time.monotonic(), n)  # not counting this one
+                    if handle.replica is not None:
+                        handle.replica.mark_full(n)
                     raise overloaded(item.message)
                 raise ServiceError(item.code, item.message)
             if started_at is None:
@@ -287,9 +282,9 @@ class Frontend(SchedulerEvents):
             aborted += 1
             handle.aborted = True
             handle.inbox.put_nowait(Aborted())
-            if handle.submitted:
+            if handle.replica is not None:
                 for rid in handle.rids:
-                    self._links.abort(rid)
+                    handle.replica.abort(rid)
         return aborted
 
     async def tokenize(self, prompt: Prompt) -> list[int]:
@@ -304,11 +299,12 @@ class Frontend(SchedulerEvents):
         job = convert.decode_job_to_pb(job_id, ids, skip_special_tokens)
         return (await self._links.run_job(job_id, job)).text
 
-    async def server_stats(self) -> dict[str, int]:
+    async def server_info(self) -> tuple[list[ReplicaReport], dict[str, int]]:
+        """Each replica, and the live requests of this gateway and of the detokenizers."""
         self.model_info()
-        stats = await self._links.backend_stats()
-        stats["gateway_live_requests"] = self.live_requests
-        return stats
+        replicas, detokenizer_live = await self._links.replica_reports()
+        return replicas, {"gateway_live_requests": self.live_requests,
+                          "detokenizer_live_requests": detokenizer_live}
 
     async def drain(self) -> None:
         """Refuse new calls, give in-flight ones `drain_timeout_s` to finish, then end them."""
@@ -344,6 +340,11 @@ class Frontend(SchedulerEvents):
 
     def on_lost(self, message: str) -> None:
         self._fail_all(grpc.StatusCode.UNAVAILABLE, message)
+
+    def on_replica_lost(self, replica: SchedulerReplica, message: str) -> None:
+        for handle in self._by_public.values():
+            if handle.replica is replica:
+                handle.inbox.put_nowait(Failure(grpc.StatusCode.UNAVAILABLE, message))
 
     def _fail_all(self, code: grpc.StatusCode, message: str) -> None:
         for handle in self._by_public.values():

@@ -1,9 +1,15 @@
-"""The gateway's long-lived batch streams to the tokenizer, scheduler and detokenizer.
+"""The gateway's backends: one tokenizer, N scheduler replicas, and the detokenizers they stream
+to, each on long-lived batch streams, and the router that picks a replica for each call.
 
-Each link queues items from many concurrent client RPCs and sends whatever has accumulated as one
-message, so a burst of N requests costs one write per hop, not N. `Links.run` (re)connects all
-three, reports readiness, and on the loss of any of them fails every request in flight: their
-outputs can no longer arrive, and a client must hear UNAVAILABLE within seconds, not hang.
+Replica i streams its outputs to detokenizer i when there are as many detokenizers as schedulers,
+else all share the one (`BackendAddresses`). The gateway subscribes to every detokenizer and
+routes each delta by request id, whichever detokenizer it came from.
+
+Each link reconnects on its own. A replica's loss ends only its requests, and a detokenizer's
+those of the replicas behind it; the others keep streaming. The tokenizer has no spare, so its
+loss ends every request, as the loss of any backend does with one replica: a client hears
+UNAVAILABLE within seconds and can retry elsewhere while the stack restarts (docs/reliability.md).
+The gateway is ready (health SERVING) while the tokenizer and at least one replica are usable.
 
 Messages are opaque here: what goes out was built by `convert`, what comes in is handed to
 `convert` before anyone looks at it.
@@ -13,40 +19,52 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
-import grpc
 from google.protobuf.message import Message
-from grpc_health.v1 import health_pb2_grpc
-from radixserve.internal.detokenizer.v1 import detokenizer_pb2_grpc as detok_grpc
-from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as sched_grpc
-from radixserve.internal.tokenizer.v1 import tokenizer_pb2_grpc as tok_grpc
-from radixserve.services.common import rpc
-from radixserve.services.common.errors import ServiceError, unavailable
-from radixserve.services.gateway import convert
-from radixserve.services.gateway.inbox import take_all
-from radixserve.services.gateway.types import Failure, JobResult, ModelInfo, Output
+from radixserve.services.common.errors import overloaded, unavailable
+from radixserve.services.gateway.replica import ReplicaEvents, SchedulerReplica
+from radixserve.services.gateway.routing import ReplicaLoad, RoutingConfig, create_router
+from radixserve.services.gateway.subscription import DetokenizerSubscription
+from radixserve.services.gateway.tokenizer_link import TokenizerLink
+from radixserve.services.gateway.types import (
+    Acks,
+    Failure,
+    JobResult,
+    ModelInfo,
+    Output,
+    ReplicaReport,
+)
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-class _Outbox(Generic[T]):
-    """Items queued by many callers, taken out by one writer as a batch."""
+@dataclass(frozen=True)
+class BackendAddresses:
+    """Where the backends listen. `schedulers` and `detokenizers` take one address or several."""
 
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[T] = asyncio.Queue()
+    tokenizer: str
+    schedulers: Sequence[str] | str
+    detokenizers: Sequence[str] | str
 
-    def put(self, item: T) -> None:
-        self._queue.put_nowait(item)
+    def __post_init__(self) -> None:
+        for name in ("schedulers", "detokenizers"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        schedulers, detokenizers = self.schedulers, self.detokenizers
+        if not schedulers or not detokenizers:
+            raise ValueError("the gateway needs at least one scheduler and one detokenizer")
+        if len(set(schedulers)) != len(schedulers):
+            raise ValueError(f"a scheduler address is given twice: {list(schedulers)}")
+        if len(detokenizers) not in (1, len(schedulers)):
+            raise ValueError(
+                f"{len(detokenizers)} detokenizers for {len(schedulers)} schedulers: give one "
+                "(shared by all replicas) or one per scheduler (paired in order)")
 
-    async def take_batch(self) -> list[T]:
-        return await take_all(self._queue)
-
-    def clear(self) -> None:
-        while not self._queue.empty():
-            self._queue.get_nowait()
+    def detokenizer_index(self, scheduler_index: int) -> int:
+        return scheduler_index if len(self.detokenizers) > 1 else 0
 
 
 class SchedulerEvents:
@@ -55,195 +73,138 @@ class SchedulerEvents:
     def on_accepted(self, rid: str) -> None: ...
     def on_rejected(self, rid: str, failure: Failure) -> None: ...
     def on_output(self, output: Output) -> None: ...
+    def on_replica_lost(self, replica: SchedulerReplica, message: str) -> None: ...
     def on_lost(self, message: str) -> None: ...
 
 
-class Links:
+class Links(ReplicaEvents):
     def __init__(
         self,
-        tokenizer_address: str,
-        scheduler_address: str,
-        detokenizer_address: str,
+        backends: BackendAddresses,
         on_ready: Callable[[bool], Any],
+        routing: RoutingConfig | None = None,
         metadata: tuple[tuple[str, str], ...] = (),
         retry_s: float = 0.5,
     ) -> None:
-        self._md = metadata  # the internal secret, on every call but health checks
-        self._addresses = (tokenizer_address, scheduler_address, detokenizer_address)
         self.events = SchedulerEvents()  # replaced by the frontend before `run`
         self._on_ready = on_ready
-        self._retry_s = retry_s
-        self._jobs: _Outbox[Message] = _Outbox()
-        # A list: the requests of one Generate call (its n completions, one group), kept in one
-        # message, since the scheduler takes a group whole only within one (scheduler/groups.py).
-        self._submits: _Outbox[list[Message] | str] = _Outbox()  # str: an abort id
-        self._pending_jobs: dict[str, asyncio.Future[JobResult | Failure]] = {}
-        self.model_info: ModelInfo | None = None
+        self.routing = routing or RoutingConfig()
+        self.router = create_router(self.routing)
+        self.tokenizer = TokenizerLink(backends.tokenizer, self._tokenizer_changed, metadata,
+                                       retry_s)
+        self.subscriptions = [
+            DetokenizerSubscription(address, self._on_output, self._subscription_changed,
+                                    metadata, retry_s)
+            for address in backends.detokenizers
+        ]
+        self.replicas: list[SchedulerReplica] = []
+        for i, address in enumerate(backends.schedulers):
+            subscription = self.subscriptions[backends.detokenizer_index(i)]
+            self.replicas.append(SchedulerReplica(
+                address, self, lambda s=subscription: s.connected, metadata, retry_s))
+        self._pairs = [(r, self.subscriptions[backends.detokenizer_index(i)])
+                       for i, r in enumerate(self.replicas)]
+        self._by_address = {r.address: r for r in self.replicas}
+        self._model: ModelInfo | None = None
         self.ready = False
-        self._stubs: tuple[Any, Any, Any] | None = None
-        self._health: list[health_pb2_grpc.HealthStub] = []
 
     # -- used by the frontend -------------------------------------------------------------------
-    async def run_job(self, job_id: str, job: Message) -> JobResult:
-        """Run one tokenizer job (batched with its neighbours); ServiceError on its failure."""
-        if not self.ready:
-            raise unavailable("the tokenizer is not connected")
-        future: asyncio.Future[JobResult | Failure] = asyncio.get_running_loop().create_future()
-        self._pending_jobs[job_id] = future
-        self._jobs.put(job)
-        try:
-            result = await future
-        finally:
-            self._pending_jobs.pop(job_id, None)
-        if isinstance(result, Failure):
-            raise ServiceError(result.code, result.message)
-        return result
-
-    def submit(self, requests: list[Message]) -> None:
-        """Queue the requests of one Generate call; they go out together in one message."""
-        self._submits.put(requests)
-
-    def abort(self, rid: str) -> None:
-        self._submits.put(rid)
+    @property
+    def model_info(self) -> ModelInfo | None:
+        if self._model is None:
+            return None
+        return replace(self._model, has_chat_template=self.tokenizer.has_chat_template)
 
     @property
     def pending_jobs(self) -> int:
-        return len(self._pending_jobs)
+        return self.tokenizer.pending_jobs
 
-    async def backend_stats(self) -> dict[str, int]:
-        """The scheduler's and the detokenizer's counters (for GetServerInfo)."""
-        sched, detok = convert.stats_requests()
-        return convert.stats_from_pb(*await asyncio.gather(
-            self._unary(1, "GetStats", sched), self._unary(2, "GetStats", detok)))
+    async def run_job(self, job_id: str, job: Message) -> JobResult:
+        return await self.tokenizer.run_job(job_id, job)
 
-    async def _unary(self, which: int, method: str, request: Any) -> Any:
-        if self._stubs is None or not self.ready:
-            raise unavailable("backends are not connected")
-        try:
-            return await getattr(self._stubs[which], method)(
-                request, timeout=5.0, metadata=self._md
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise unavailable(f"backend {method} failed: {exc.code().name}") from None
+    def all_full(self, n: int) -> bool:
+        """Every usable replica has said "queue full" to a call of this size and nothing of ours
+        has ended there since: refuse at once, without a round trip."""
+        usable = [r for r in self.replicas if r.routable]
+        return bool(usable) and all(r.refuses(n) for r in usable)
+
+    def pick(self, prompt_ids: Sequence[int], n: int) -> SchedulerReplica:
+        """The replica for a call of n completions of this prompt (the router's choice among the
+        usable ones that have room), recorded as routed there."""
+        usable = [r for r in self.replicas if r.routable]
+        if not usable:
+            raise unavailable("no scheduler replica is serving")
+        open_ = [r for r in usable if not r.refuses(n)]
+        if not open_:
+            raise overloaded("queue full")
+        if len(open_) == 1:
+            replica = open_[0]
+        else:
+            name = self.router.pick(prompt_ids, [ReplicaLoad(r.address, r.load) for r in open_])
+            replica = self._by_address[name]
+        self.router.routed(replica.address, prompt_ids)
+        return replica
+
+    async def replica_reports(self) -> tuple[list[ReplicaReport], int]:
+        """Each replica as GetServerInfo reports it, and the detokenizers' live requests."""
+        live = await asyncio.gather(*(s.live_requests() for s in self.subscriptions))
+        return [r.report() for r in self.replicas], sum(live)
+
+    # -- ReplicaEvents --------------------------------------------------------------------------
+    def admits(self, replica: SchedulerReplica, info: ModelInfo) -> str | None:
+        known = self._model
+        if known is None or known == info:
+            self._model = info
+            return None
+        return (f"it serves {info.model_name} (vocabulary {info.vocab_size}, context "
+                f"{info.max_context}, {info.dtype}) but the other replicas serve "
+                f"{known.model_name} (vocabulary {known.vocab_size}, context "
+                f"{known.max_context}, {known.dtype})")
+
+    def on_acks(self, acks: Acks) -> None:
+        for rid in acks.accepted:
+            self.events.on_accepted(rid)
+        for rid, failure in acks.rejected:
+            self.events.on_rejected(rid, failure)
+
+    def on_lost(self, replica: SchedulerReplica, message: str) -> None:
+        self.router.forget(replica.address)  # a restarted replica starts with an empty cache
+        self.events.on_replica_lost(replica, message)
+        self._changed(replica)
+
+    def on_change(self, replica: SchedulerReplica) -> None:
+        self._changed(replica)
 
     # -- connection lifecycle -------------------------------------------------------------------
     async def run(self) -> None:
-        """Connect, serve, and reconnect after any loss; runs until cancelled."""
-        channels = [rpc.internal_channel(address) for address in self._addresses]
-        self._stubs = (
-            tok_grpc.TokenizerServiceStub(channels[0]),
-            sched_grpc.SchedulerServiceStub(channels[1]),
-            detok_grpc.DetokenizerServiceStub(channels[2]),
-        )
-        self._health = [health_pb2_grpc.HealthStub(channel) for channel in channels]
+        """Connect every backend and keep reconnecting; runs until cancelled."""
+        links: list[Any] = [self.tokenizer, *self.subscriptions, *self.replicas]
+        tasks = [asyncio.create_task(link.run()) for link in links]
         try:
-            while True:
-                try:
-                    await self._session(*self._stubs)
-                except Exception:  # a bug in a pump must not wedge the gateway: log, reconnect
-                    log.exception("backend link failed; reconnecting")
-                await asyncio.sleep(self._retry_s)
-        finally:
-            for channel in channels:
-                await channel.close()
-
-    async def _session(self, tok: Any, sched: Any, detok: Any) -> None:
-        calls: list[grpc.aio.Call] = []
-        tasks: list[asyncio.Task[None]] = []
-        try:
-            info = await self._wait_backends(tok, sched, detok)
-            tok_call, sched_call = tok.Process(metadata=self._md), sched.Submit(metadata=self._md)
-            detok_call = detok.Subscribe(convert.subscribe_request(), metadata=self._md)
-            calls = [tok_call, sched_call, detok_call]
-            for call in calls:
-                await call.wait_for_connection()
-            tasks = [
-                asyncio.create_task(self._pump_jobs(tok_call)),
-                asyncio.create_task(self._read_results(tok_call)),
-                asyncio.create_task(self._pump_submits(sched_call)),
-                asyncio.create_task(self._read_acks(sched_call)),
-                asyncio.create_task(self._read_deltas(detok_call)),
-            ]
-            self.model_info = info
-            self._set_ready(True)
-            log.info("backends connected: %s", info.model_name)
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            raise _Lost("a backend closed its stream")
-        except (grpc.aio.AioRpcError, _Lost) as exc:
-            reason = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-            log.warning("backend link lost: %s", reason)
+            await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
-            for call in calls:
-                call.cancel()
-            was_ready = self.ready
-            self._set_ready(False)
-            if was_ready:
-                self._fail_all("a backend service is unavailable")
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _wait_backends(self, tok: Any, sched: Any, detok: Any) -> ModelInfo:
-        """Block until all three backends answer, and the scheduler has its model loaded."""
-        while True:
-            try:
-                await asyncio.gather(*(rpc.require_serving(stub) for stub in self._health))
-                sched_request, tok_request = convert.model_info_requests()
-                model = await sched.GetModelInfo(sched_request, timeout=5.0, metadata=self._md)
-                tok_info = await tok.GetTokenizerInfo(tok_request, timeout=5.0, metadata=self._md)
-                return convert.model_info_from_pb(model, tok_info)
-            except (grpc.aio.AioRpcError, rpc.NotServing) as exc:
-                log.debug("backends not ready yet: %s", exc)
-                await asyncio.sleep(self._retry_s)
+    def _on_output(self, output: Output) -> None:
+        self.events.on_output(output)
 
-    def _set_ready(self, ready: bool) -> None:
+    def _tokenizer_changed(self, tokenizer: TokenizerLink) -> None:
+        if not tokenizer.connected and self.ready:
+            self.events.on_lost(f"the tokenizer {tokenizer.address} is unavailable")
+        self._changed(tokenizer)
+
+    def _subscription_changed(self, subscription: DetokenizerSubscription) -> None:
+        if not subscription.connected:
+            for replica, paired in self._pairs:
+                if paired is subscription:
+                    self.events.on_replica_lost(
+                        replica, f"detokenizer {subscription.address} is unavailable")
+        self._changed(subscription)
+
+    def _changed(self, link: object) -> None:
+        ready = self.tokenizer.connected and any(r.routable for r in self.replicas)
         if ready != self.ready:
             self.ready = ready
             self._on_ready(ready)
-
-    def _fail_all(self, message: str) -> None:
-        self._jobs.clear()
-        self._submits.clear()
-        for future in self._pending_jobs.values():
-            if not future.done():
-                future.set_exception(unavailable(message))
-        self.events.on_lost(message)
-
-    async def _pump_jobs(self, call: grpc.aio.StreamStreamCall) -> None:
-        while True:
-            await call.write(convert.jobs_to_pb(await self._jobs.take_batch()))
-
-    async def _read_results(self, call: grpc.aio.StreamStreamCall) -> None:
-        async for response in call:
-            for job_id, result in convert.job_results_from_pb(response):
-                future = self._pending_jobs.get(job_id)
-                if future is not None and not future.done():
-                    future.set_result(result)
-
-    async def _pump_submits(self, call: grpc.aio.StreamStreamCall) -> None:
-        while True:
-            batch = await self._submits.take_batch()
-            await call.write(convert.submit_to_pb(
-                [r for item in batch if not isinstance(item, str) for r in item],
-                [item for item in batch if isinstance(item, str)],
-            ))
-
-    async def _read_acks(self, call: grpc.aio.StreamStreamCall) -> None:
-        async for response in call:
-            acks = convert.acks_from_pb(response)
-            for rid in acks.accepted:
-                self.events.on_accepted(rid)
-            for rid, failure in acks.rejected:
-                self.events.on_rejected(rid, failure)
-
-    async def _read_deltas(self, call: grpc.aio.UnaryStreamCall) -> None:
-        on_output = self.events.on_output
-        async for response in call:
-            for output in convert.outputs_from_pb(response):
-                on_output(output)
-
-
-class _Lost(Exception):
-    pass

@@ -1,9 +1,15 @@
-"""Prometheus metrics of the gateway: requests by status, TTFT / TPOT / E2E latency."""
+"""Prometheus metrics of the gateway: requests by status, TTFT / TPOT / E2E latency, and each
+scheduler replica's state and load (label `replica`: its address)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from radixserve.services.gateway.types import ReplicaReport
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
@@ -46,6 +52,14 @@ class GatewayMetrics:
         self.completion_tokens = Counter(
             "radixserve_completion_tokens", "Generated tokens", registry=self.registry
         )
+        self.routed = Counter(
+            "radixserve_replica_routed_requests", "Completions sent to each scheduler replica",
+            ["replica"], registry=self.registry,
+        )
+
+    def watch_replicas(self, reports: Callable[[], list[ReplicaReport]]) -> None:
+        """Export each replica's state and last polled load, read at scrape time."""
+        self.registry.register(_ReplicaCollector(reports))
 
     def on_status(self, method: str, code: grpc.StatusCode) -> None:
         self.requests.labels(method=method, code=code.name).inc()
@@ -60,3 +74,36 @@ class GatewayMetrics:
 
     def serve_http(self, port: int, host: str = "0.0.0.0") -> None:
         start_http_server(port, addr=host, registry=self.registry)
+
+
+# (metric suffix, help, value of a report); the load figures are absent until its first poll.
+_REPLICA_GAUGES: tuple[tuple[str, str, Callable[[ReplicaReport], float | None]], ...] = (
+    ("serving", "1 while the replica gets new requests", lambda r: float(r.serving)),
+    ("in_flight_requests", "Completions of this gateway the replica holds",
+     lambda r: r.in_flight),
+    ("running_requests", "Requests running on the replica (all gateways)",
+     lambda r: None if r.stats is None else r.stats.running_requests),
+    ("waiting_requests", "Requests queued on the replica (all gateways)",
+     lambda r: None if r.stats is None else r.stats.waiting_requests),
+    ("kv_pages_free", "Free KV pages of the replica",
+     lambda r: None if r.stats is None else r.stats.kv_pages_free),
+    ("prefix_cache_hit_rate", "Share of the replica's prompt tokens served from its cache",
+     lambda r: None if r.stats is None or not r.stats.prompt_tokens_total
+     else r.stats.cached_tokens_total / r.stats.prompt_tokens_total),
+)
+
+
+class _ReplicaCollector(Collector):
+    def __init__(self, reports: Callable[[], list[ReplicaReport]]) -> None:
+        self._reports = reports
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        reports = self._reports()
+        for suffix, help_text, value in _REPLICA_GAUGES:
+            family = GaugeMetricFamily(f"radixserve_replica_{suffix}", help_text,
+                                       labels=["replica"])
+            for report in reports:
+                v = value(report)
+                if v is not None:
+                    family.add_metric([report.address], float(v))
+            yield family

@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from importlib import metadata
 from typing import NamedTuple
 
@@ -24,8 +23,9 @@ from radixserve.services.common import auth, rpc
 from radixserve.services.common.errors import ErrorInterceptor
 from radixserve.services.gateway import convert
 from radixserve.services.gateway.frontend import Frontend, FrontendConfig
-from radixserve.services.gateway.links import Links
+from radixserve.services.gateway.links import BackendAddresses, Links
 from radixserve.services.gateway.metrics import GatewayMetrics
+from radixserve.services.gateway.routing import RoutingConfig
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -43,8 +43,9 @@ def _version() -> str:
 
 
 class GenerateServicer(pb_grpc.GenerateServiceServicer):
-    def __init__(self, frontend: Frontend) -> None:
+    def __init__(self, frontend: Frontend, routing: str) -> None:
         self._frontend = frontend
+        self._routing = routing
         self._version = _version()
 
     async def Generate(
@@ -81,14 +82,8 @@ class GenerateServicer(pb_grpc.GenerateServiceServicer):
     async def GetServerInfo(
         self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetServerInfoResponse:
-        return convert.server_info_to_pb(self._version, await self._frontend.server_stats())
-
-
-@dataclass(frozen=True)
-class BackendAddresses:
-    tokenizer: str
-    scheduler: str
-    detokenizer: str
+        replicas, live = await self._frontend.server_info()
+        return convert.server_info_to_pb(self._version, self._routing, replicas, live)
 
 
 class Gateway:
@@ -100,16 +95,12 @@ class Gateway:
         config: FrontendConfig,
         metrics: GatewayMetrics,
         secret: str | None = None,
+        routing: RoutingConfig | None = None,
     ) -> None:
         self.metrics = metrics
         self.health: rpc.Health | None = None
-        self.links = Links(
-            backends.tokenizer,
-            backends.scheduler,
-            backends.detokenizer,
-            on_ready=self._on_ready,
-            metadata=auth.call_metadata(secret),
-        )
+        self.links = Links(backends, self._on_ready, routing, auth.call_metadata(secret))
+        metrics.watch_replicas(lambda: [r.report() for r in self.links.replicas])
         self.frontend = Frontend(self.links, config, metrics)
         self.links.events = self.frontend
         self._links_task: asyncio.Task[None] | None = None
@@ -150,17 +141,19 @@ async def create_server(
     metrics: GatewayMetrics | None = None,
     secret: str | None = None,
     security: auth.PublicSecurity | None = None,
+    routing: RoutingConfig | None = None,
 ) -> Served:
     """Build the gateway on `address` (port 0 picks one) and start connecting to the backends."""
     metrics = metrics or GatewayMetrics()
     security = security or auth.PublicSecurity()
-    gateway = Gateway(backends, config or FrontendConfig(), metrics, secret)
+    gateway = Gateway(backends, config or FrontendConfig(), metrics, secret, routing)
     # Refusals by the key check still pass the ErrorInterceptor, so they are counted.
     errors = ErrorInterceptor(metrics.on_status)
     gateway.open_calls = lambda: errors.open_calls
     interceptors = [errors, *auth.public_interceptors(security.api_key)]
     server = rpc.create_aio_server(interceptors, rpc.PUBLIC_SERVER_OPTIONS)
-    pb_grpc.add_GenerateServiceServicer_to_server(GenerateServicer(gateway.frontend), server)
+    servicer = GenerateServicer(gateway.frontend, gateway.links.routing.policy)
+    pb_grpc.add_GenerateServiceServicer_to_server(servicer, server)
     gateway.health = rpc.Health(server, [SERVICE_NAME])
     rpc.enable_reflection(server, [SERVICE_NAME])
     port = rpc.bind(server, address, security.tls)
@@ -178,6 +171,7 @@ async def serve(
     metrics_port: int | None = None,
     secret: str | None = None,
     security: auth.PublicSecurity | None = None,
+    routing: RoutingConfig | None = None,
 ) -> int:
     """Entry point of `radixserve gateway`: serve until SIGTERM, drain, exit."""
     from radixserve.services.common.lifecycle import exit_now, run_until_signal
@@ -185,7 +179,7 @@ async def serve(
     metrics = GatewayMetrics()
     if metrics_port:
         metrics.serve_http(metrics_port)
-    served = await create_server(address, backends, config, metrics, secret, security)
+    served = await create_server(address, backends, config, metrics, secret, security, routing)
     await served.server.start()
     security = security or auth.PublicSecurity()
     log.info("gateway listening on %s (port %d, %s, %s)", address, served.port,

@@ -127,3 +127,27 @@ class Acks(NamedTuple):
 
     accepted: list[str]
     rejected: list[tuple[str, Failure]]
+
+
+class ReplicaStats(NamedTuple):
+    """One scheduler replica's counters, polled for routing and GetServerInfo."""
+
+    running_requests: int
+    waiting_requests: int
+    kv_pages_total: int
+    kv_pages_free: int
+    kv_pages_evictable: int
+    kv_pages_protected: int
+    page_size: int
+    cached_tokens_total: int
+    prompt_tokens_total: int
+
+
+class ReplicaReport(NamedTuple):
+    """What GetServerInfo says of one replica."""
+
+    address: str
+    serving: bool
+    stats: ReplicaStats | None  # None until its first answer
+    routed: int  # completions this gateway has sent it
+    in_flight: int  # completions of this gateway it holds now

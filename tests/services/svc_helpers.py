@@ -48,6 +48,7 @@ class FakeEngine:
     steps: int = 0
     abort_steps: dict[str, int] = field(default_factory=dict)  # rid -> steps run when aborted
     params_seen: dict[str, SamplingParams] = field(default_factory=dict)  # rid -> as added
+    prompts: dict[str, list[int]] = field(default_factory=dict)  # rid -> prompt ids, as added
     grammars: dict[str, Any] = field(default_factory=dict)  # rid -> grammar, constrained ones
     compile_delay_s: float = 0.0  # compile_grammar sleeps this long (on a compile worker)
     compiled: list[tuple[str, str]] = field(default_factory=list)  # constraints compiled
@@ -79,6 +80,7 @@ class FakeEngine:
         self.reqs[rid] = _FakeReq(list(prompt_ids), params)
         self.added.append(rid)
         self.params_seen[rid] = params
+        self.prompts[rid] = list(prompt_ids)
         if grammar is not None:
             self.grammars[rid] = grammar
 
@@ -403,24 +405,52 @@ def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
 
 
 @dataclass
+class Replica:
+    """One scheduler replica of an in-process stack, with the detokenizer it streams to."""
+
+    app: Any
+    server: Any
+    engine: Any
+    detokenizer: Any
+    detokenizer_server: Any
+    address: str  # the scheduler's
+    detokenizer_address: str
+
+
+@dataclass
 class InProcess:
     servers: list[Any]
     gateway: Any
-    scheduler_app: Any
-    detokenizer: Any
-    engine: Any
+    replicas: list[Replica]
     target: str
     ports: dict[str, int]
+
+    # Replica 0's parts, under the names of a one-replica stack.
+    @property
+    def scheduler_app(self) -> Any:
+        return self.replicas[0].app
+
+    @property
+    def engine(self) -> Any:
+        return self.replicas[0].engine
+
+    @property
+    def detokenizer(self) -> Any:
+        return self.replicas[0].detokenizer
 
     async def close(self) -> None:
         for server in self.servers:
             await server.stop(0)
-        self.scheduler_app.loop.stop(5)
+        for replica in self.replicas:
+            replica.app.loop.stop(5)
 
 
 async def start_in_process(
-    engine: Any, model_path: str, secret: str | None = None, **frontend: Any
+    engine: Any, model_path: str, secret: str | None = None, engines: list[Any] | None = None,
+    routing: Any = None, **frontend: Any
 ) -> InProcess:
+    """All servers in this event loop on port 0: one replica around `engine`, or one per entry
+    of `engines` (each with its own detokenizer), behind one gateway and tokenizer."""
     import asyncio
 
     from radixserve.services.detokenizer import server as detok_server
@@ -435,36 +465,56 @@ async def start_in_process(
     core = TokenizerCore.from_pretrained(model_path)
     tok = await tok_server.create_server("127.0.0.1:0", core, secret=secret)
     factory = detok_server.hf_factory(AutoTokenizer.from_pretrained(model_path))
-    det = await detok_server.create_server("127.0.0.1:0", factory, secret)
-    app = sched_server.SchedulerApp(lambda: engine, f"127.0.0.1:{det.port}",
-                                    LoopConfig(warmup=False, idle_poll_s=0.05), secret)
-    sch = await sched_server.create_server("127.0.0.1:0", app)
+    replicas = []
+    for eng in engines or [engine]:
+        det = await detok_server.create_server("127.0.0.1:0", factory, secret)
+        app = sched_server.SchedulerApp(lambda e=eng: e, f"127.0.0.1:{det.port}",
+                                        LoopConfig(warmup=False, idle_poll_s=0.05), secret)
+        sch = await sched_server.create_server("127.0.0.1:0", app)
+        replicas.append(Replica(app, sch.server, eng, det.servicer, det.server,
+                                f"127.0.0.1:{sch.port}", f"127.0.0.1:{det.port}"))
     backends = gw_server.BackendAddresses(
-        f"127.0.0.1:{tok.port}", f"127.0.0.1:{sch.port}", f"127.0.0.1:{det.port}")
+        f"127.0.0.1:{tok.port}", [r.address for r in replicas],
+        [r.detokenizer_address for r in replicas])
     gw = await gw_server.create_server(
         "127.0.0.1:0", backends, FrontendConfig(**{"drain_timeout_s": 2.0, **frontend}),
-        secret=secret)
-    servers = [gw.server, sch.server, det.server, tok.server]
+        secret=secret, routing=routing)
+    servers = [gw.server, *(s for r in replicas for s in (r.server, r.detokenizer_server)),
+               tok.server]
     for server in servers:
         await server.start()
-    for _ in range(200):
-        if gw.gateway.links.ready:
+    # Ready with every replica usable; or, for a replica that is refused (another model), ready
+    # for a while.
+    deadline, ready_since = time.monotonic() + 10.0, None
+    while time.monotonic() < deadline:
+        links = gw.gateway.links
+        ready_since = (ready_since or time.monotonic()) if links.ready else None
+        if ready_since is not None and (all(r.routable for r in links.replicas)
+                                        or time.monotonic() - ready_since > 2.0):
             break
         await asyncio.sleep(0.05)
     assert gw.gateway.links.ready, "in-process stack did not become ready"
-    return InProcess(servers, gw.gateway, app, det.servicer, engine, f"127.0.0.1:{gw.port}",
-                     {"tokenizer": tok.port, "scheduler": sch.port, "detokenizer": det.port})
+    return InProcess(servers, gw.gateway, replicas, f"127.0.0.1:{gw.port}",
+                     {"tokenizer": tok.port, "scheduler": _port(replicas[0].address),
+                      "detokenizer": _port(replicas[0].detokenizer_address)})
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
 
 
 def run_in_process(demo_path: str, body: Any, frontend: dict[str, Any] | None = None,
-                   core: Any = None, **engine: Any) -> None:
-    """Start the in-process stack around `core` (a real engine) or else a FakeEngine(**engine)
-    (gateway limits from `frontend`), await body(stack, stub), close."""
+                   core: Any = None, engines: list[Any] | None = None, routing: Any = None,
+                   **engine: Any) -> None:
+    """Start the in-process stack around `core` (a real engine), or one replica per entry of
+    `engines`, or else a FakeEngine(**engine) (gateway limits from `frontend`), await
+    body(stack, stub), close."""
     import asyncio
 
     async def main() -> None:
         stack = await start_in_process(core if core is not None else FakeEngine(**engine),
-                                       demo_path, **(frontend or {}))
+                                       demo_path, engines=engines, routing=routing,
+                                       **(frontend or {}))
         try:
             async with grpc.aio.insecure_channel(stack.target) as channel:
                 await body(stack, pb_grpc.GenerateServiceStub(channel))
@@ -485,6 +535,6 @@ async def until(check: Any, timeout: float = 5.0) -> None:
 
 def idle(stack: InProcess) -> bool:
     """Nothing of any request is left in any service (grammars being compiled included)."""
-    return (not stack.engine.reqs and stack.gateway.frontend.live_requests == 0
-            and stack.detokenizer.live_requests == 0 and len(stack.scheduler_app.compiler) == 0
-            and stack.scheduler_app.loop.live_requests == 0)
+    return stack.gateway.frontend.live_requests == 0 and all(
+        not r.engine.reqs and r.detokenizer.live_requests == 0 and len(r.app.compiler) == 0
+        and r.app.loop.live_requests == 0 for r in stack.replicas)
