@@ -1,8 +1,9 @@
-"""`radixserve serve`: start the four services as child processes and keep them honest.
+"""`radixserve serve`: start the services as child processes and keep them honest.
 
-Order: tokenizer, detokenizer, scheduler, gateway are started together (model and tokenizer
-loads overlap) and their readiness is awaited in that order through grpc.health.v1. Internal
-services listen on unix sockets in a private (0700) folder; only the gateway takes a TCP port.
+Children (services/children.py): one tokenizer, `--dp-size` scheduler replicas (a scheduler and a
+detokenizer each) and one gateway, started together (model and tokenizer loads overlap); their
+readiness is awaited in that order through grpc.health.v1. Internal services listen on unix
+sockets in a private (0700) folder; only the gateway takes a TCP port.
 
 Policy when a child dies: the supervisor does not restart it. The gateway has already answered
 UNAVAILABLE to every open stream (it watches its backend streams); the supervisor then drains and
@@ -25,14 +26,13 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from types import FrameType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from radixserve.services.children import Child, build_children, replica_envs
 from radixserve.services.common.auth import API_KEY_ENV, SECRET_ENV
 from radixserve.services.common.lifecycle import PARENT_PID_ENV
 from radixserve.services.config import ServeConfig
@@ -52,17 +52,14 @@ PROBE_CHANNEL_OPTIONS = (
 )
 
 
-@dataclass(frozen=True)
-class Child:
-    name: str
-    argv: list[str]
-    address: str  # where its health service answers
-
-
 class Supervisor:
     def __init__(self, config: ServeConfig, engine_argv: list[str]) -> None:
+        """ValueError when the replicas cannot be placed (too few GPUs)."""
         self._config = config
         self._engine_argv = engine_argv
+        engine = config.engine
+        self._replica_envs = replica_envs(engine.device, config.dp_size, engine.tp_size,
+                                          os.environ)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._stop_signal: int | None = None
         # Internal calls carry a secret even on private sockets; one is made up when none is set.
@@ -73,7 +70,8 @@ class Supervisor:
         os.chmod(sockets, 0o700)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            children = self._children(sockets)
+            children = build_children(self._config, self._engine_argv, sockets,
+                                      self._replica_envs)
             for child in children:
                 self._spawn(child)
             # Probed from the start: a child can hang while the others are still getting ready.
@@ -100,44 +98,9 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop_signal = signum
 
-    def _children(self, sockets: str) -> list[Child]:
-        cfg = self._config
-        cli = [sys.executable, "-m", "radixserve.services.cli"]
-        model = ["--model", cfg.engine.model_path, "--log-level", cfg.log_level]
-        addr = {n: f"unix:{sockets}/{n}.sock" for n in ("tokenizer", "detokenizer", "scheduler")}
-        sched_metrics = ["--metrics-port", str(cfg.metrics_port + 1)] if cfg.metrics_port else []
-        gw_metrics = ["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port else []
-        limits = [
-            "--default-max-new-tokens", str(cfg.gateway.default_max_new_tokens),
-            "--max-in-flight", str(cfg.gateway.max_in_flight),
-            "--drain-timeout", str(cfg.gateway.drain_timeout_s),
-        ]
-        tls, gw_probe = cfg.public.tls, cfg.gateway_address
-        if tls is not None:
-            # The health probe cannot present a client certificate: the gateway also listens on a
-            # private unix socket, next to the internal ones, for it.
-            gw_probe = f"unix:{sockets}/gateway.sock"
-            limits += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--probe-address", gw_probe]
-            limits += ["--tls-client-ca", tls.client_ca] if tls.client_ca else []
-        return [
-            Child("tokenizer", [*cli, "tokenizer", *model, "--address", addr["tokenizer"]],
-                  addr["tokenizer"]),
-            Child("detokenizer", [*cli, "detokenizer", *model, "--address", addr["detokenizer"]],
-                  addr["detokenizer"]),
-            Child("scheduler", [*cli, "scheduler", *model, "--address", addr["scheduler"],
-                                "--detokenizer-addr", addr["detokenizer"], *self._engine_argv,
-                                "--watchdog-timeout", str(cfg.watchdog_timeout_s),
-                                *sched_metrics], addr["scheduler"]),
-            Child("gateway", [*cli, "gateway", "--address", cfg.gateway_address,
-                              "--tokenizer-addr", addr["tokenizer"],
-                              "--scheduler-addr", addr["scheduler"],
-                              "--detokenizer-addr", addr["detokenizer"],
-                              "--log-level", cfg.log_level, *limits, *gw_metrics],
-                  gw_probe),
-        ]
-
     def _spawn(self, child: Child) -> None:
-        env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), SECRET_ENV: self._secret}
+        env = {**os.environ, **child.env, PARENT_PID_ENV: str(os.getpid()),
+               SECRET_ENV: self._secret}
         env.pop(API_KEY_ENV, None)  # only the gateway checks it, and it comes through env, not argv
         if child.name == "gateway" and self._config.public.api_key:
             env[API_KEY_ENV] = self._config.public.api_key
