@@ -141,10 +141,33 @@ def _security(args: argparse.Namespace, probe_address: str | None = None) -> Any
         raise SystemExit(f"radixserve: {exc}") from None
 
 
-def _add_backends(p: argparse.ArgumentParser, *names: str) -> None:
+class _Repeated(argparse.Action):
+    """A repeatable flag whose default list (from the environment) the first use replaces;
+    argparse's own "append" would add to it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*([] if given is self.default else given), values])
+
+
+def _add_backends(p: argparse.ArgumentParser, *names: str, repeated: tuple[str, ...] = ()) -> None:
+    """`--NAME-addr` per name; those in `repeated` may be given once per replica, in replica
+    order, and their variable may hold several addresses, comma-separated."""
     for name in names:
-        p.add_argument(f"--{name}-addr", default=_env(f"{name}_addr"),
-                       help=f"{name} service address (host:port or unix:/path)")
+        if name in repeated:
+            listed = [a.strip() for a in _env(f"{name}_addr").split(",") if a.strip()]
+            p.add_argument(f"--{name}-addr", action=_Repeated, default=listed,
+                           help=f"a {name} service address (host:port or unix:/path); once per "
+                                "replica")
+        else:
+            p.add_argument(f"--{name}-addr", default=_env(f"{name}_addr"),
+                           help=f"{name} service address (host:port or unix:/path)")
+
+
+def _add_routing(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--routing", choices=cfg.ROUTING_POLICIES, default="cache_aware",
+                   help="how the gateway picks a scheduler replica for a request")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,8 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--metrics-port", type=int, default=None,
-                   help="Prometheus port of the gateway (the scheduler uses the next one)")
+                   help="Prometheus port of the gateway (scheduler replica i uses it + 1 + i)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--dp-size", type=int, default=1,
+                   help="scheduler replicas (data parallelism), each with its own detokenizer "
+                        "and --tp-size GPUs")
+    _add_routing(p)
     _add_security(p)
     _add_watchdog(p)
     _add_engine(p)
@@ -170,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-address", default=None,
                    help="extra plaintext unix-socket listener for health probes (used by serve)")
     _add_security(p)
-    _add_backends(p, "tokenizer", "scheduler", "detokenizer")
+    _add_backends(p, "tokenizer", "scheduler", "detokenizer",
+                  repeated=("scheduler", "detokenizer"))
+    _add_routing(p)
     _add_gateway_limits(p)
 
     for name, address in (("tokenizer", cfg.DEFAULT_TOKENIZER_ADDRESS),
@@ -266,13 +295,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from radixserve.services.supervisor import Supervisor
 
         engine = engine_config(args, _resolve_model(args.model))
-        serve_config = cfg.ServeConfig(
-            engine=engine, gateway=_frontend_config(args), host=args.host, port=args.port,
-            metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
-            public=_security(args),
-            log_level=args.log_level, watchdog_timeout_s=args.watchdog_timeout,
-        )
-        return Supervisor(serve_config, engine_argv(engine)).run()
+        public = _security(args)
+        try:
+            serve_config = cfg.ServeConfig(
+                engine=engine, gateway=_frontend_config(args), host=args.host, port=args.port,
+                metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
+                public=public, log_level=args.log_level,
+                watchdog_timeout_s=args.watchdog_timeout, dp_size=args.dp_size,
+                routing=args.routing,
+            )
+            supervisor = Supervisor(serve_config, engine_argv(engine))  # places the replicas
+        except ValueError as exc:
+            raise SystemExit(f"radixserve: {exc}") from None
+        return supervisor.run()
     return asyncio.run(_serve_one(args))
 
 
@@ -283,7 +318,9 @@ async def _serve_one(args: argparse.Namespace) -> int:
     if args.command == "gateway":
         from radixserve.services.gateway.server import BackendAddresses, serve
 
-        backends = BackendAddresses(args.tokenizer_addr, args.scheduler_addr, args.detokenizer_addr)
+        # Today's gateway fronts one replica: the first of each list.
+        backends = BackendAddresses(args.tokenizer_addr, args.scheduler_addr[0],
+                                    args.detokenizer_addr[0])
         security = _security(args, args.probe_address)
         return await serve(
             args.address, backends, _frontend_config(args), args.metrics_port, secret, security

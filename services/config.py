@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from radixserve.engine.config import EngineConfig
 from radixserve.services.common.auth import PublicSecurity
@@ -13,6 +14,10 @@ DEFAULT_TOKENIZER_ADDRESS = "127.0.0.1:50052"
 DEFAULT_SCHEDULER_ADDRESS = "127.0.0.1:50053"
 DEFAULT_DETOKENIZER_ADDRESS = "127.0.0.1:50054"
 
+# How the gateway picks a scheduler replica for a request (`--routing`).
+Routing = Literal["cache_aware", "least_load", "round_robin"]
+ROUTING_POLICIES: tuple[str, ...] = get_args(Routing)
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -22,18 +27,29 @@ class ServeConfig:
     gateway: FrontendConfig
     host: str = "127.0.0.1"
     port: int = 50051
-    metrics_port: int | None = None  # gateway; the scheduler's metrics go on metrics_port + 1
+    metrics_port: int | None = None  # gateway; scheduler replica i's on metrics_port + 1 + i
     startup_timeout_s: float = 600.0
     log_level: str = "INFO"
     public: PublicSecurity = field(default_factory=PublicSecurity)  # the gateway port's key, TLS
     watchdog_timeout_s: float = 60.0  # scheduler hang watchdog; 0 turns it off
+    dp_size: int = 1  # scheduler replicas (data parallelism), each with its own detokenizer
+    routing: Routing = "cache_aware"
 
     def __post_init__(self) -> None:
         # The supervisor checks the gateway's health on this port, so it must be a real one.
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in (0, 65536), got {self.port}")
-        if self.metrics_port is not None and not 0 < self.metrics_port < 65535:
-            raise ValueError(f"metrics port must be in (0, 65535), got {self.metrics_port}")
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.routing not in ROUTING_POLICIES:
+            raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {self.routing!r}")
+        # The schedulers take the dp_size ports after the gateway's.
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536 - self.dp_size:
+            raise ValueError(f"metrics port must be in (0, {65536 - self.dp_size}) with dp_size "
+                             f"{self.dp_size}, got {self.metrics_port}")
+        if self.dp_size > 1 and ":" in self.engine.device:
+            raise ValueError(f"device {self.engine.device!r} pins one GPU; with dp_size > 1 use "
+                             "'cuda' or 'auto': each replica gets GPUs of its own")
         if self.startup_timeout_s <= 0:
             raise ValueError("startup timeout must be positive")
         if self.watchdog_timeout_s < 0:

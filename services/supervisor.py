@@ -1,20 +1,30 @@
-"""`radixserve serve`: start the four services as child processes and keep them honest.
+"""`radixserve serve`: start the services as child processes and keep them honest.
 
-Order: tokenizer, detokenizer, scheduler, gateway are started together (model and tokenizer
-loads overlap) and their readiness is awaited in that order through grpc.health.v1. Internal
-services listen on unix sockets in a private (0700) folder; only the gateway takes a TCP port.
+Children (services/children.py): one tokenizer, `--dp-size` scheduler replicas (a scheduler and a
+detokenizer each) and one gateway, started together (model and tokenizer loads overlap); their
+readiness is awaited in that order through grpc.health.v1. Internal services listen on unix
+sockets in a private (0700) folder; only the gateway takes a TCP port.
 
-Policy when a child dies: the supervisor does not restart it. The gateway has already answered
-UNAVAILABLE to every open stream (it watches its backend streams); the supervisor then drains and
-stops the remaining children and exits non-zero, so an outer supervisor (systemd, Kubernetes,
-docker restart policy) restarts the whole stack from a clean state. Children get SIGTERM if the
-supervisor itself dies (PR_SET_PDEATHSIG), so nothing is orphaned.
+Policy when a child dies:
+- The tokenizer, the gateway, and every child of a single replica (dp_size 1): the supervisor does
+  not restart it. The gateway has already answered UNAVAILABLE to every open stream (it watches
+  its backend streams); the supervisor then drains and stops the remaining children and exits
+  non-zero, so an outer supervisor (systemd, Kubernetes, docker restart policy) restarts the whole
+  stack from a clean state.
+- A replica's scheduler or detokenizer when dp_size > 1: only that replica's streams end; the
+  supervisor starts the child again in place (same argv, same socket) while the gateway routes
+  around the replica, at most RESTART_LIMIT times per child in RESTART_WINDOW_S. One more death
+  in that window takes the first path. This holds while the stack starts too (the gateway may
+  serve the first replicas before the last is ready), where the startup timeout still bounds the
+  wait for every child.
+Children get SIGTERM if the supervisor itself dies (PR_SET_PDEATHSIG), so nothing is orphaned.
 
 Hung children: from its first answer on (during startup too: one child can hang while another is
 still loading), each must answer a grpc.health.v1 Check (any status) at least once per
 `--watchdog-timeout`; one that does not gets SIGUSR1 (its stacks go to its log through
-faulthandler, which needs no GIL), then SIGKILL, and the dead-child path above runs. This catches
-what the scheduler's in-process watchdog (a Python thread) cannot: a hang that holds the GIL.
+faulthandler, which needs no GIL), then SIGKILL, and the dead-child policy above runs. A restarted
+child that does not answer within `--startup-timeout` is killed the same way. This catches what
+the scheduler's in-process watchdog (a Python thread) cannot: a hang that holds the GIL.
 """
 
 from __future__ import annotations
@@ -25,14 +35,15 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections import deque
 from types import FrameType
+from typing import NamedTuple
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from radixserve.services.children import Child, build_children, replica_envs
 from radixserve.services.common.auth import API_KEY_ENV, SECRET_ENV
 from radixserve.services.common.lifecycle import PARENT_PID_ENV
 from radixserve.services.config import ServeConfig
@@ -42,6 +53,10 @@ POLL_S = 0.1
 STOP_GRACE_S = 10.0  # after a child's own drain, how long before SIGKILL
 PROBE_INTERVAL_S = 1.0  # liveness probes per child: at most one in flight, one a second
 STACK_DUMP_S = 0.5  # between SIGUSR1 (stack dump) and SIGKILL of a hung child
+# A replica's child is restarted at most this often in this window; one more death stops the stack
+# (a child that keeps dying will not be fixed by restarting it, and the outer manager is told).
+RESTART_LIMIT = 3
+RESTART_WINDOW_S = 600.0
 # Probes of a child that is not listening yet: grpc's default reconnect backoff grows to 120 s, so
 # a child that took 30 s to start was first answered 15 s later, and its liveness (which counts
 # from that first answer) watched nothing in between. Retry at least once a second instead.
@@ -52,18 +67,22 @@ PROBE_CHANNEL_OPTIONS = (
 )
 
 
-@dataclass(frozen=True)
-class Child:
+class Exited(NamedTuple):
     name: str
-    argv: list[str]
-    address: str  # where its health service answers
+    code: int
 
 
 class Supervisor:
     def __init__(self, config: ServeConfig, engine_argv: list[str]) -> None:
+        """ValueError when the replicas cannot be placed (too few GPUs)."""
         self._config = config
         self._engine_argv = engine_argv
+        engine = config.engine
+        self._replica_envs = replica_envs(engine.device, config.dp_size, engine.tp_size,
+                                          os.environ)
+        self._children: dict[str, Child] = {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._restarts = RestartBudget(RESTART_LIMIT, RESTART_WINDOW_S)
         self._stop_signal: int | None = None
         # Internal calls carry a secret even on private sockets; one is made up when none is set.
         self._secret = os.environ.get(SECRET_ENV) or secrets.token_hex(32)
@@ -73,7 +92,9 @@ class Supervisor:
         os.chmod(sockets, 0o700)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            children = self._children(sockets)
+            children = build_children(self._config, self._engine_argv, sockets,
+                                      self._replica_envs)
+            self._children = {c.name: c for c in children}
             for child in children:
                 self._spawn(child)
             # Probed from the start: a child can hang while the others are still getting ready.
@@ -100,44 +121,9 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop_signal = signum
 
-    def _children(self, sockets: str) -> list[Child]:
-        cfg = self._config
-        cli = [sys.executable, "-m", "radixserve.services.cli"]
-        model = ["--model", cfg.engine.model_path, "--log-level", cfg.log_level]
-        addr = {n: f"unix:{sockets}/{n}.sock" for n in ("tokenizer", "detokenizer", "scheduler")}
-        sched_metrics = ["--metrics-port", str(cfg.metrics_port + 1)] if cfg.metrics_port else []
-        gw_metrics = ["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port else []
-        limits = [
-            "--default-max-new-tokens", str(cfg.gateway.default_max_new_tokens),
-            "--max-in-flight", str(cfg.gateway.max_in_flight),
-            "--drain-timeout", str(cfg.gateway.drain_timeout_s),
-        ]
-        tls, gw_probe = cfg.public.tls, cfg.gateway_address
-        if tls is not None:
-            # The health probe cannot present a client certificate: the gateway also listens on a
-            # private unix socket, next to the internal ones, for it.
-            gw_probe = f"unix:{sockets}/gateway.sock"
-            limits += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--probe-address", gw_probe]
-            limits += ["--tls-client-ca", tls.client_ca] if tls.client_ca else []
-        return [
-            Child("tokenizer", [*cli, "tokenizer", *model, "--address", addr["tokenizer"]],
-                  addr["tokenizer"]),
-            Child("detokenizer", [*cli, "detokenizer", *model, "--address", addr["detokenizer"]],
-                  addr["detokenizer"]),
-            Child("scheduler", [*cli, "scheduler", *model, "--address", addr["scheduler"],
-                                "--detokenizer-addr", addr["detokenizer"], *self._engine_argv,
-                                "--watchdog-timeout", str(cfg.watchdog_timeout_s),
-                                *sched_metrics], addr["scheduler"]),
-            Child("gateway", [*cli, "gateway", "--address", cfg.gateway_address,
-                              "--tokenizer-addr", addr["tokenizer"],
-                              "--scheduler-addr", addr["scheduler"],
-                              "--detokenizer-addr", addr["detokenizer"],
-                              "--log-level", cfg.log_level, *limits, *gw_metrics],
-                  gw_probe),
-        ]
-
     def _spawn(self, child: Child) -> None:
-        env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), SECRET_ENV: self._secret}
+        env = {**os.environ, **child.env, PARENT_PID_ENV: str(os.getpid()),
+               SECRET_ENV: self._secret}
         env.pop(API_KEY_ENV, None)  # only the gateway checks it, and it comes through env, not argv
         if child.name == "gateway" and self._config.public.api_key:
             env[API_KEY_ENV] = self._config.public.api_key
@@ -153,7 +139,10 @@ class Supervisor:
                 stub = health_pb2_grpc.HealthStub(channel)
                 while not _serving(stub):
                     self._kill_if_silent(liveness)
-                    if self._stop_signal is not None or self._dead_child() is not None:
+                    if self._stop_signal is not None:
+                        return False
+                    dead = self._dead_child()
+                    if dead is not None and not self._restart(dead, liveness):
                         return False
                     if time.monotonic() > deadline:
                         log.error("%s not ready after %.0f s", child.name,
@@ -166,10 +155,11 @@ class Supervisor:
         return True
 
     def _watch(self, liveness: Liveness | None) -> bool:
-        """Until a signal (False: clean stop) or a child's death (True: failure); a child that
-        stops answering its health check is killed, which makes it a death."""
+        """Until a signal (False: clean stop) or a death that is not restarted (True: failure); a
+        child that stops answering its health check is killed, which makes it a death."""
         while self._stop_signal is None:
-            if self._dead_child() is not None:
+            dead = self._dead_child()
+            if dead is not None and not self._restart(dead, liveness):
                 return True
             self._kill_if_silent(liveness)
             time.sleep(POLL_S)
@@ -177,25 +167,42 @@ class Supervisor:
         return False
 
     def _kill_if_silent(self, liveness: Liveness | None) -> None:
-        name = liveness.silent() if liveness is not None else None
-        if name is None:
+        if liveness is None or (name := liveness.silent()) is None:
             return
         proc = self._procs[name]
         log.critical("%s (pid %d) has not answered its health check for %.1f s (hung; a stuck "
                      "call holding the GIL escapes its own watchdog): dumping its stacks to its "
-                     "log and killing it", name, proc.pid, self._config.watchdog_timeout_s)
+                     "log and killing it", name, proc.pid, liveness.quiet_s(name))
         if proc.poll() is None:
             proc.send_signal(signal.SIGUSR1)  # children register faulthandler for it
             time.sleep(STACK_DUMP_S)
             proc.kill()
             proc.wait()
 
-    def _dead_child(self) -> str | None:
+    def _restart(self, dead: Exited, liveness: Liveness | None) -> bool:
+        """Start a replica's dead child again in place, within the budget; False: the stack
+        stops (the module docstring's policy)."""
+        child = self._children[dead.name]
+        if child.replica is None:
+            log.error("%s exited with code %d; stopping the others", *dead)
+            return False
+        if not self._restarts.allow(dead.name, time.monotonic()):
+            log.error("%s exited with code %d after %d restarts in %.0f s; stopping the others",
+                      *dead, RESTART_LIMIT, RESTART_WINDOW_S)
+            return False
+        log.warning("%s exited with code %d; restarting it (restart %d of %d in %.0f s); the "
+                    "other replicas keep serving", *dead, self._restarts.used(dead.name),
+                    RESTART_LIMIT, RESTART_WINDOW_S)
+        self._spawn(child)
+        if liveness is not None:
+            liveness.restarted(dead.name, self._config.startup_timeout_s)
+        return True
+
+    def _dead_child(self) -> Exited | None:
         for name, proc in self._procs.items():
             code = proc.poll()
             if code is not None:
-                log.error("%s exited with code %d; stopping the others", name, code)
-                return name
+                return Exited(name, code)
         return None
 
     def _shutdown(self) -> None:
@@ -205,6 +212,28 @@ class Supervisor:
         if gateway is not None:
             _terminate([gateway], drain_s + STOP_GRACE_S)
         _terminate([p for n, p in self._procs.items() if n != "gateway"], drain_s + STOP_GRACE_S)
+
+
+class RestartBudget:
+    """At most `limit` restarts of one child in any `window_s` seconds."""
+
+    def __init__(self, limit: int, window_s: float) -> None:
+        self._limit = limit
+        self._window_s = window_s
+        self._times: dict[str, deque[float]] = {}
+
+    def allow(self, name: str, now: float) -> bool:
+        """Whether `name` may be restarted at `now`; counts the restart when it may."""
+        times = self._times.setdefault(name, deque())
+        while times and now - times[0] >= self._window_s:
+            times.popleft()
+        if len(times) >= self._limit:
+            return False
+        times.append(now)
+        return True
+
+    def used(self, name: str) -> int:
+        return len(self._times.get(name, ()))
 
 
 class Liveness:
@@ -229,6 +258,8 @@ class Liveness:
         self._answered: dict[str, float | None] = dict.fromkeys(self._stubs, None)
         self._sent = dict.fromkeys(self._stubs, now - self._interval_s)
         self._pending: dict[str, grpc.Future] = {}
+        # Restarted children that have not answered yet: (restarted at, must answer by).
+        self._due: dict[str, tuple[float, float]] = {}
 
     def answered(self, name: str) -> None:
         """`name` answered a health check just now (the readiness wait's own probe). Without this
@@ -236,14 +267,31 @@ class Liveness:
         would count as still starting, which only the startup timeout bounds."""
         self._answered[name] = max(self._answered[name] or 0.0, time.monotonic())
 
+    def restarted(self, name: str, within_s: float) -> None:
+        """`name` runs again as a new process: it is starting, and must answer within
+        `within_s` (a restart has no readiness wait of its own to bound it)."""
+        pending = self._pending.pop(name, None)
+        if pending is not None:
+            pending.cancel()
+        self._answered[name] = None
+        now = time.monotonic()
+        self._due[name] = (now, now + within_s)
+
+    def quiet_s(self, name: str) -> float:
+        """Seconds since `name` last answered, or since its restart if it has not yet."""
+        since = self._answered[name] or self._due.get(name, (time.monotonic(),))[0]
+        return time.monotonic() - since
+
     def silent(self) -> str | None:
-        """The first child that has not answered for `timeout_s`, or None."""
+        """The first child that has not answered for `timeout_s`, or a restarted one that has
+        not answered by its due time; None if there is none."""
         now = time.monotonic()
         for name, stub in self._stubs.items():
             pending = self._pending.get(name)
             if pending is not None and pending.done():
                 if pending.exception() is None:
                     self._answered[name] = now
+                    self._due.pop(name, None)
                 del self._pending[name]
                 pending = None
             if pending is None and now - self._sent[name] >= self._interval_s:
@@ -253,6 +301,8 @@ class Liveness:
                 self._sent[name] = now
             answered = self._answered[name]
             if answered is not None and now - answered > self._timeout_s:
+                return name
+            if name in self._due and now > self._due[name][1]:
                 return name
         return None
 

@@ -1,6 +1,9 @@
-"""The command line (`services/cli.py`): engine flags survive the trip to the scheduler child."""
+"""The command line (`services/cli.py`): engine flags survive the trip to the scheduler child;
+replica and routing flags."""
 
 from __future__ import annotations
+
+import pytest
 
 
 def test_cli_engine_flags_round_trip_to_the_scheduler_child() -> None:
@@ -12,3 +15,34 @@ def test_cli_engine_flags_round_trip_to_the_scheduler_child() -> None:
     child = build_parser().parse_args(["scheduler", *engine_argv(engine)])
     assert engine_config(child, "/models/x") == engine
     assert not engine.overlap and engine.cache == "naive" and engine.num_pages == 64
+
+
+def test_cli_serve_takes_replicas_and_routing() -> None:
+    from radixserve.services.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--dp-size", "2", "--routing", "round_robin",
+                                      "--tp-size", "2"])
+    assert (args.dp_size, args.routing, args.tp_size) == (2, "round_robin", 2)
+    defaults = build_parser().parse_args(["serve"])
+    assert (defaults.dp_size, defaults.routing) == (1, "cache_aware")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--routing", "random"])
+
+
+def test_cli_gateway_backends_repeat_and_default_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixserve.services.cli import build_parser
+
+    monkeypatch.setenv("RADIXSERVE_SCHEDULER_ADDR", "sched-a:1, sched-b:1")
+    monkeypatch.setenv("RADIXSERVE_DETOKENIZER_ADDR", "detok:1")
+    args = build_parser().parse_args(["gateway"])
+    assert args.scheduler_addr == ["sched-a:1", "sched-b:1"]  # comma-separated: one per replica
+    assert args.detokenizer_addr == ["detok:1"]
+    assert args.routing == "cache_aware"
+    # Flags replace the environment's list instead of adding to it.
+    args = build_parser().parse_args(["gateway", "--scheduler-addr", "x:1", "--scheduler-addr",
+                                      "y:1", "--routing", "least_load"])
+    assert args.scheduler_addr == ["x:1", "y:1"] and args.detokenizer_addr == ["detok:1"]
+    assert args.routing == "least_load"
+    # The scheduler keeps its single detokenizer.
+    assert build_parser().parse_args(["scheduler"]).detokenizer_addr == "detok:1"

@@ -1,7 +1,7 @@
 """Process failures, each on a stack of its own: readiness during startup, a killed scheduler,
-tokenizer, detokenizer or gateway, an engine step that raises or hangs (watchdog), a hang that
-holds the GIL (the supervisor's liveness check), a killed supervisor, and a drain under load
-(docs/reliability.md #19-24)."""
+tokenizer, detokenizer or gateway, a killed replica's scheduler restarted in place, an engine step
+that raises or hangs (watchdog), a hang that holds the GIL (the supervisor's liveness check), a
+killed supervisor, and a drain under load (docs/reliability.md #19-24)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from svc_helpers import (
     alive,
     assert_gone,
     child_pids,
+    cmdline,
     collect,
     health_status,
     request,
@@ -65,7 +66,7 @@ def make_stack(tmp_path: Path, demo_path: str) -> Iterator[Callable[..., Stack]]
 
 def _stack_fails_cleanly(s: Stack, children: list[int]) -> None:
     """After a failure: new calls fail fast, readiness is false, the supervisor exits non-zero
-    (policy: no restarts) and no child is left behind."""
+    (policy with one replica: no restarts) and no child is left behind."""
     t0 = time.monotonic()
     late = collect(s.stub, request([5], max_new_tokens=1), timeout=5)
     # UNAVAILABLE from the gateway while it runs, and from the closed socket once it has exited.
@@ -89,6 +90,40 @@ def test_killed_service_ends_every_stream_unavailable(make_stack: Callable[..., 
     assert streams.codes == [UNAVAILABLE] * 8
     assert max(streams.ended_at) - killed_at < 5.0
     _stack_fails_cleanly(s, children)
+
+
+def _listener(s: Stack, name: str) -> int | None:
+    """The pid of the child that listens on `name`'s socket (`scheduler-1`), if one runs."""
+    for pid in child_pids(s.proc.pid):
+        argv = cmdline(pid).split()
+        if "--address" in argv and argv[argv.index("--address") + 1].endswith(f"/{name}.sock"):
+            return pid
+    return None
+
+
+def test_killed_replica_scheduler_is_restarted_in_place(make_stack: Callable[..., Stack]) -> None:
+    """With --dp-size 2 a replica's dead scheduler is started again on the same socket; the
+    supervisor, the gateway and the other children keep running (docs/reliability.md #19)."""
+    s = make_stack("--dp-size", "2")
+    children = child_pids(s.proc.pid)
+    assert len(children) == 6  # tokenizer, two detokenizers, two schedulers, gateway
+    victim = _listener(s, "scheduler-1")
+    assert victim is not None
+    argv = cmdline(victim)
+    address = argv.split()[argv.split().index("--address") + 1]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 240  # a fresh scheduler loads the model again
+    while ((pid := _listener(s, "scheduler-1")) in (None, victim)
+           or health_status(address) != SERVING):
+        assert s.proc.poll() is None, "the supervisor stopped instead of restarting"
+        assert time.monotonic() < deadline, "scheduler-1 was not restarted"
+        time.sleep(0.2)
+    assert cmdline(pid) == argv  # same command line, same socket
+    assert all(alive(p) for p in children if p != victim)
+    assert health_status(s.target) == SERVING
+    log = s.log_file.read_text()
+    assert "scheduler-1 exited with code -9; restarting it (restart 1 of 3" in log
+    assert s.stop() == 0
 
 
 @pytest.mark.parametrize("fault", ["raise", "hang"])

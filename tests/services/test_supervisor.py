@@ -1,13 +1,17 @@
-"""The supervisor's liveness check (`services/supervisor.py`): silence counts from the first
-answer, and a slow starter is heard soon after it listens."""
+"""The supervisor (`services/supervisor.py`): its liveness check (silence counts from the first
+answer, a slow starter is heard soon after it listens, a restarted child starts over) and the
+restart rule of replicas' children and its budget."""
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 import time
 from typing import Any
 
 import grpc
+import pytest
 
 
 def test_liveness_judges_silence_from_the_first_answer() -> None:
@@ -94,3 +98,94 @@ def test_liveness_counts_the_readiness_answer() -> None:
         assert liveness.silent() == "hung"
     finally:
         liveness.close()
+
+
+def test_liveness_gives_a_restarted_child_until_its_due_time() -> None:
+    """A restarted child starts over: silence before its first answer is not a hang, but no
+    answer by the due time (the startup timeout) names it."""
+    from radixserve.services.supervisor import Child, Liveness
+
+    liveness = Liveness([Child("again", [], "unix:/nonexistent.sock")], timeout_s=30.0)
+    try:
+        liveness.answered("again")
+        liveness.restarted("again", within_s=0.5)
+        assert liveness.silent() is None  # it answered moments ago, but that was the old process
+        deadline = time.monotonic() + 5.0
+        while liveness.silent() is None:
+            assert time.monotonic() < deadline, "a restart that never answered went unnoticed"
+            time.sleep(0.05)
+        assert liveness.silent() == "again" and liveness.quiet_s("again") > 0.5
+    finally:
+        liveness.close()
+
+
+def test_restart_budget_counts_within_its_window() -> None:
+    from radixserve.services.supervisor import RestartBudget
+
+    budget = RestartBudget(limit=3, window_s=600.0)
+    assert [budget.allow("scheduler-1", t) for t in (0.0, 10.0, 20.0)] == [True] * 3
+    assert budget.used("scheduler-1") == 3
+    assert not budget.allow("scheduler-1", 30.0)  # a fourth death within ten minutes
+    assert budget.allow("detokenizer-1", 30.0)  # each child has its own budget
+    assert budget.allow("scheduler-1", 600.5)  # the first restart left the window
+    assert not budget.allow("scheduler-1", 601.0)
+    assert budget.used("scheduler-1") == 3
+
+
+# A stand-in child: serves grpc.health.v1 on argv[1], then exits with status 3, after argv[2]
+# seconds the first time (long enough for the supervisor to see it ready) and 0.3 s when restarted.
+HEALTHY_FOR = """
+import os, sys, time
+from concurrent import futures
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+server = grpc.server(futures.ThreadPoolExecutor(2))
+health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+server.add_insecure_port(sys.argv[1])
+server.start()
+marker = sys.argv[1].removeprefix("unix:") + ".ran"
+time.sleep(0.3 if os.path.exists(marker) else float(sys.argv[2]))
+open(marker, "w").close()
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("replica", [1, None])
+def test_a_dying_replica_child_is_restarted_until_its_budget_is_spent(
+        replica: int | None, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The restart rule end to end, on stand-in children: a replica's child that keeps dying is
+    started again RESTART_LIMIT times, then the stack stops with status 1; a child of no replica
+    (dp_size 1, tokenizer, gateway) stops it at its first death."""
+    from radixserve.engine.config import EngineConfig
+    from radixserve.services import supervisor
+    from radixserve.services.config import ServeConfig
+    from radixserve.services.gateway.frontend import FrontendConfig
+
+    def children(cfg: Any, engine_argv: list[str], sockets: str, envs: Any) -> list[Any]:
+        def child(name: str, seconds: float, replica: int | None = None) -> Any:
+            address = f"unix:{sockets}/{name}.sock"
+            argv = [sys.executable, "-c", HEALTHY_FOR, address, str(seconds)]
+            return supervisor.Child(name, argv, address, replica)
+        return [child("tokenizer", 600), child("scheduler-1", 5.0, replica)]
+
+    monkeypatch.setattr(supervisor, "build_children", children)
+    caplog.set_level(logging.INFO, logger="radixserve.serve")
+    config = ServeConfig(engine=EngineConfig(model_path="/m", device="cpu"),
+                         gateway=FrontendConfig(drain_timeout_s=1.0), dp_size=2,
+                         startup_timeout_s=120, watchdog_timeout_s=30)
+    t0 = time.monotonic()
+    assert supervisor.Supervisor(config, []).run() == 1
+    assert time.monotonic() - t0 < 120
+    messages = [r.getMessage() for r in caplog.records]
+    restarts = [m for m in messages if "scheduler-1 exited with code 3; restarting it" in m]
+    spawned = [m for m in messages if m.startswith("started scheduler-1 ")]
+    if replica is None:
+        assert not restarts and len(spawned) == 1
+        assert "scheduler-1 exited with code 3; stopping the others" in messages
+    else:
+        assert len(restarts) == supervisor.RESTART_LIMIT == 3
+        assert "restart 3 of 3 in 600 s" in restarts[-1]
+        assert len(spawned) == 4
+        assert ("scheduler-1 exited with code 3 after 3 restarts in 600 s; stopping the others"
+                in messages)
