@@ -48,11 +48,9 @@ from radixserve.bench.workloads import (
     shared_prefix_work,
     warm_up_prompts,
 )
+from radixserve.services.gateway.routing import ROUTING_POLICIES  # what `serve --routing` takes
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
-
-# What `serve --routing` takes: how a gateway in front of several scheduler replicas picks one.
-ROUTING_POLICIES = ("cache_aware", "least_load", "round_robin")
 
 
 @dataclass(frozen=True)

@@ -316,15 +316,17 @@ async def _serve_one(args: argparse.Namespace) -> int:
 
     secret = os.environ.get(SECRET_ENV) or None  # unset: internal calls are not authenticated
     if args.command == "gateway":
+        from radixserve.services.gateway.routing import RoutingConfig
         from radixserve.services.gateway.server import BackendAddresses, serve
 
-        # Today's gateway fronts one replica: the first of each list.
-        backends = BackendAddresses(args.tokenizer_addr, args.scheduler_addr[0],
-                                    args.detokenizer_addr[0])
+        try:
+            backends = BackendAddresses(args.tokenizer_addr, args.scheduler_addr,
+                                        args.detokenizer_addr)
+        except ValueError as exc:
+            raise SystemExit(f"radixserve gateway: {exc}") from None
         security = _security(args, args.probe_address)
-        return await serve(
-            args.address, backends, _frontend_config(args), args.metrics_port, secret, security
-        )
+        return await serve(args.address, backends, _frontend_config(args), args.metrics_port,
+                           secret, security, RoutingConfig(args.routing))
     model_path = _resolve_model(args.model)
     if args.command == "tokenizer":
         from radixserve.services.tokenizer.server import serve as serve_tokenizer

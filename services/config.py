@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
 
 from radixserve.engine.config import EngineConfig
 from radixserve.services.common.auth import PublicSecurity
 from radixserve.services.gateway.frontend import FrontendConfig
+from radixserve.services.gateway.routing import ROUTING_POLICIES, RoutingPolicy, check_policy
 
 DEFAULT_GATEWAY_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TOKENIZER_ADDRESS = "127.0.0.1:50052"
 DEFAULT_SCHEDULER_ADDRESS = "127.0.0.1:50053"
 DEFAULT_DETOKENIZER_ADDRESS = "127.0.0.1:50054"
 
-# How the gateway picks a scheduler replica for a request (`--routing`).
-Routing = Literal["cache_aware", "least_load", "round_robin"]
-ROUTING_POLICIES: tuple[str, ...] = get_args(Routing)
+__all__ = ["ROUTING_POLICIES", "ServeConfig"]  # the policies, for `--routing` choices
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,7 @@ class ServeConfig:
     public: PublicSecurity = field(default_factory=PublicSecurity)  # the gateway port's key, TLS
     watchdog_timeout_s: float = 60.0  # scheduler hang watchdog; 0 turns it off
     dp_size: int = 1  # scheduler replicas (data parallelism), each with its own detokenizer
-    routing: Routing = "cache_aware"
+    routing: RoutingPolicy = "cache_aware"  # how the gateway picks a replica
 
     def __post_init__(self) -> None:
         # The supervisor checks the gateway's health on this port, so it must be a real one.
@@ -41,8 +39,7 @@ class ServeConfig:
             raise ValueError(f"port must be in (0, 65536), got {self.port}")
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
-        if self.routing not in ROUTING_POLICIES:
-            raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {self.routing!r}")
+        check_policy(self.routing)
         # The schedulers take the dp_size ports after the gateway's.
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536 - self.dp_size:
             raise ValueError(f"metrics port must be in (0, {65536 - self.dp_size}) with dp_size "

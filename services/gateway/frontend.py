@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 from dataclasses import dataclass, field
 
 import grpc
@@ -70,6 +71,9 @@ class RequestHandle:
     t0: float = field(default_factory=time.monotonic)
     inbox: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
     replica: SchedulerReplica | None = None  # where it was submitted
+    # What went there: kept until the replica accepts it, to send it elsewhere if that replica is
+    # lost first (it never started on it, so the client cannot tell).
+    unacked: tuple[list[int], list[Any]] | None = None
     finished: bool = False  # the scheduler holds nothing more for it (all done, or refused)
     aborted: bool = False  # by the Abort RPC; may come before submission (while tokenizing)
     done: set[int] = field(default_factory=set)  # completions that have had their Finished
@@ -144,16 +148,12 @@ class Frontend(SchedulerEvents):
                 # with one status (services/scheduler/groups.py), so the first rejection of any
                 # member ends the call and leaves nothing to abort.
                 group = handle.rids[0] if n > 1 else ""
-                replica = self._links.pick(prompt_ids, n)
-                replica.submit([
+                handle.unacked = (prompt_ids, [
                     convert.new_request_to_pb(rid, prompt_ids, _completion_params(params, i),
                                               handle.spec.skip_special_tokens, group)
                     for i, rid in enumerate(handle.rids)
                 ])
-                handle.replica = replica
-                replica.in_flight += n
-                if self._metrics is not None:
-                    self._metrics.routed.labels(replica=replica.address).inc(n)
+                self._submit(handle, self._links.pick(prompt_ids, n))
             async for event in self._stream(handle, prompt_ids):
                 yield event
         finally:
@@ -169,6 +169,17 @@ class Frontend(SchedulerEvents):
                     for i, rid in enumerate(handle.rids):
                         if i not in handle.done:
                             replica.abort(rid)
+
+    def _submit(self, handle: RequestHandle, replica: SchedulerReplica) -> None:
+        assert handle.unacked is not None
+        n = len(handle.rids)
+        replica.submit(handle.unacked[1])
+        if handle.replica is not None:
+            handle.replica.in_flight -= n
+        handle.replica = replica
+        replica.in_flight += n
+        if self._metrics is not None:
+            self._metrics.routed.labels(replica=replica.address).inc(n)
 
     async def _prompt_ids(self, rid: str, prompt: Prompt, info: ModelInfo) -> list[int]:
         if isinstance(prompt, IdsPrompt):
@@ -325,6 +336,7 @@ class Frontend(SchedulerEvents):
     def on_accepted(self, rid: str) -> None:
         handle = self._by_rid.get(rid)
         if handle is not None:
+            handle.unacked = None
             handle.inbox.put_nowait(Accepted())
 
     def on_rejected(self, rid: str, failure: Failure) -> None:
@@ -341,10 +353,21 @@ class Frontend(SchedulerEvents):
     def on_lost(self, message: str) -> None:
         self._fail_all(grpc.StatusCode.UNAVAILABLE, message)
 
-    def on_replica_lost(self, replica: SchedulerReplica, message: str) -> None:
-        for handle in self._by_public.values():
-            if handle.replica is replica:
-                handle.inbox.put_nowait(Failure(grpc.StatusCode.UNAVAILABLE, message))
+    def on_replica_lost(self, replica: SchedulerReplica, message: str, gone: bool) -> None:
+        """Requests it had accepted end UNAVAILABLE. Those a scheduler that is gone had not
+        accepted go to another replica: it dropped whatever it held of this gateway's, so they
+        cannot run twice."""
+        for handle in list(self._by_public.values()):
+            if handle.replica is not replica or handle.finished:
+                continue
+            if gone and handle.unacked is not None:
+                try:
+                    self._submit(handle, self._links.pick(handle.unacked[0], len(handle.rids),
+                                                          avoid=replica))
+                    continue
+                except ServiceError as exc:
+                    message = f"{message}; {exc.message}"
+            handle.inbox.put_nowait(Failure(grpc.StatusCode.UNAVAILABLE, message))
 
     def _fail_all(self, code: grpc.StatusCode, message: str) -> None:
         for handle in self._by_public.values():

@@ -73,7 +73,9 @@ class SchedulerEvents:
     def on_accepted(self, rid: str) -> None: ...
     def on_rejected(self, rid: str, failure: Failure) -> None: ...
     def on_output(self, output: Output) -> None: ...
-    def on_replica_lost(self, replica: SchedulerReplica, message: str) -> None: ...
+    def on_replica_lost(self, replica: SchedulerReplica, message: str, gone: bool) -> None:
+        """Its requests can no longer stream. `gone`: the scheduler itself, whose Submit stream
+        ended (so it holds none of them any more); else the detokenizer behind it."""
     def on_lost(self, message: str) -> None: ...
 
 
@@ -128,10 +130,11 @@ class Links(ReplicaEvents):
         usable = [r for r in self.replicas if r.routable]
         return bool(usable) and all(r.refuses(n) for r in usable)
 
-    def pick(self, prompt_ids: Sequence[int], n: int) -> SchedulerReplica:
+    def pick(self, prompt_ids: Sequence[int], n: int,
+             avoid: SchedulerReplica | None = None) -> SchedulerReplica:
         """The replica for a call of n completions of this prompt (the router's choice among the
-        usable ones that have room), recorded as routed there."""
-        usable = [r for r in self.replicas if r.routable]
+        usable ones that have room, other than `avoid`), recorded as routed there."""
+        usable = [r for r in self.replicas if r.routable and r is not avoid]
         if not usable:
             raise unavailable("no scheduler replica is serving")
         open_ = [r for r in usable if not r.refuses(n)]
@@ -169,7 +172,7 @@ class Links(ReplicaEvents):
 
     def on_lost(self, replica: SchedulerReplica, message: str) -> None:
         self.router.forget(replica.address)  # a restarted replica starts with an empty cache
-        self.events.on_replica_lost(replica, message)
+        self.events.on_replica_lost(replica, message, gone=True)
         self._changed(replica)
 
     def on_change(self, replica: SchedulerReplica) -> None:
@@ -200,7 +203,7 @@ class Links(ReplicaEvents):
             for replica, paired in self._pairs:
                 if paired is subscription:
                     self.events.on_replica_lost(
-                        replica, f"detokenizer {subscription.address} is unavailable")
+                        replica, f"detokenizer {subscription.address} is unavailable", gone=False)
         self._changed(subscription)
 
     def _changed(self, link: object) -> None:

@@ -19,6 +19,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 from radixserve.services.scheduler.faults import FAULT_ENV
+from radixserve.v1 import generate_pb2 as pb
 from svc_helpers import (
     Stack,
     Streams,
@@ -101,17 +102,28 @@ def _listener(s: Stack, name: str) -> int | None:
     return None
 
 
-def test_killed_replica_scheduler_is_restarted_in_place(make_stack: Callable[..., Stack]) -> None:
-    """With --dp-size 2 a replica's dead scheduler is started again on the same socket; the
-    supervisor, the gateway and the other children keep running (docs/reliability.md #19)."""
-    s = make_stack("--dp-size", "2")
+def test_killed_replica_ends_only_its_streams_and_is_restarted_in_place(
+        make_stack: Callable[..., Stack]) -> None:
+    """With --dp-size 2 a killed replica's streams end UNAVAILABLE within 5 s while the other
+    replica's finish, new calls keep succeeding, and the supervisor starts the dead scheduler
+    again on the same socket, where the gateway finds it (docs/reliability.md #19)."""
+    s = make_stack("--dp-size", "2", "--routing", "round_robin")
     children = child_pids(s.proc.pid)
     assert len(children) == 6  # tokenizer, two detokenizers, two schedulers, gateway
     victim = _listener(s, "scheduler-1")
     assert victim is not None
     argv = cmdline(victim)
     address = argv.split()[argv.split().index("--address") + 1]
+    streams = Streams(s.stub, 8, max_new_tokens=400)  # round robin: four on each replica
+    streams.wait_decoding()
+    killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
+    late = collect(s.stub, request([5], max_new_tokens=4), timeout=30)
+    assert late.code == grpc.StatusCode.OK, late  # routed to the replica left
+    streams.join(120)
+    lost = [i for i, code in enumerate(streams.codes) if code == UNAVAILABLE]
+    assert len(lost) == 4 and streams.codes.count(grpc.StatusCode.OK) == 4, streams.codes
+    assert max(streams.ended_at[i] for i in lost) - killed_at < 5.0
     deadline = time.monotonic() + 240  # a fresh scheduler loads the model again
     while ((pid := _listener(s, "scheduler-1")) in (None, victim)
            or health_status(address) != SERVING):
@@ -120,7 +132,10 @@ def test_killed_replica_scheduler_is_restarted_in_place(make_stack: Callable[...
         time.sleep(0.2)
     assert cmdline(pid) == argv  # same command line, same socket
     assert all(alive(p) for p in children if p != victim)
-    assert health_status(s.target) == SERVING
+    while [r.state for r in s.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).replicas
+           ] != [pb.REPLICA_STATE_SERVING] * 2:
+        assert time.monotonic() < deadline, "the gateway did not take the restarted replica back"
+        time.sleep(0.2)
     log = s.log_file.read_text()
     assert "scheduler-1 exited with code -9; restarting it (restart 1 of 3" in log
     assert s.stop() == 0
