@@ -13,11 +13,11 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
-from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.engine.sampling.params import SamplingParams
 from radixserve.services.common.errors import (
     ServiceError,
     invalid_argument,
@@ -25,6 +25,7 @@ from radixserve.services.common.errors import (
     unavailable,
 )
 from radixserve.services.gateway import convert
+from radixserve.services.gateway.checks import check_ids, resolve_params
 from radixserve.services.gateway.inbox import Aborted, Accepted, Item, coalesce, take_all
 from radixserve.services.gateway.links import Links, SchedulerEvents
 from radixserve.services.gateway.metrics import GatewayMetrics
@@ -142,7 +143,8 @@ class Frontend(SchedulerEvents):
         try:
             info = self.model_info()
             prompt_ids = await self._prompt_ids(handle.rids[0], handle.spec.prompt, info)
-            params = self._resolve(handle.spec.params, len(prompt_ids), info)
+            params = resolve_params(handle.spec.params, len(prompt_ids), info,
+                                    self._config.default_max_new_tokens)
             if not handle.aborted:
                 # One group in one message: the scheduler takes it whole or refuses every member
                 # with one status (services/scheduler/groups.py), so the first rejection of any
@@ -183,46 +185,11 @@ class Frontend(SchedulerEvents):
 
     async def _prompt_ids(self, rid: str, prompt: Prompt, info: ModelInfo) -> list[int]:
         if isinstance(prompt, IdsPrompt):
-            ids = list(prompt.ids)
-            for i, token in enumerate(ids):
-                if token >= info.vocab_size:
-                    raise invalid_argument(
-                        f"token_ids[{i}] = {token} is outside the vocabulary (size "
-                        f"{info.vocab_size})"
-                    )
-            return ids
+            return check_ids(prompt.ids, info)
         ids = (await self._links.run_job(rid, convert.tokenize_job_to_pb(rid, prompt))).token_ids
         if not ids:
             raise invalid_argument("the prompt tokenizes to no tokens")
         return ids
-
-    def _resolve(self, params: SamplingParams, prompt_len: int, info: ModelInfo) -> SamplingParams:
-        limit = info.max_context
-        if prompt_len >= limit:
-            raise invalid_argument(
-                f"prompt is too long: {prompt_len} tokens in prompt, limit {limit} "
-                "(the context must leave room for at least one new token)"
-            )
-        for token in params.stop_token_ids:
-            if token >= info.vocab_size:
-                raise invalid_argument(
-                    f"stop_token_ids: {token} is outside the vocabulary (size {info.vocab_size})"
-                )
-        wanted = params.max_new_tokens
-        if wanted is None:
-            # Unset: what fits after the prompt, capped by the server default (never below the
-            # client's own min_new_tokens, which the length check below then judges).
-            wanted = max(min(limit - prompt_len, self._config.default_max_new_tokens),
-                         params.min_new_tokens)
-        if prompt_len + wanted > limit:
-            raise invalid_argument(
-                f"prompt + max_new_tokens exceed the context: {prompt_len} in prompt, "
-                f"{wanted} requested, limit {limit}"
-            )
-        try:
-            return dataclasses.replace(params, max_new_tokens=wanted)
-        except InvalidRequestError as exc:
-            raise invalid_argument(str(exc)) from None
 
     async def _stream(self, handle: RequestHandle, prompt_ids: list[int]) -> AsyncIterator[Event]:
         n, index = len(handle.rids), handle.index

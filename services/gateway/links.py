@@ -150,8 +150,9 @@ class Links(ReplicaEvents):
 
     async def replica_reports(self) -> tuple[list[ReplicaReport], int]:
         """Each replica as GetServerInfo reports it, and the detokenizers' live requests."""
+        reports = await asyncio.gather(*(r.refresh() for r in self.replicas))
         live = await asyncio.gather(*(s.live_requests() for s in self.subscriptions))
-        return [r.report() for r in self.replicas], sum(live)
+        return list(reports), sum(live)
 
     # -- ReplicaEvents --------------------------------------------------------------------------
     def admits(self, replica: SchedulerReplica, info: ModelInfo) -> str | None:

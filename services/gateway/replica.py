@@ -185,18 +185,26 @@ class SchedulerReplica:
             self._set(health_serving=False)
             await asyncio.sleep(self._retry_s)
 
-    async def _poll(self) -> None:
-        """Its load, for routing; a slow or failed answer keeps the last one."""
-        request, _ = convert.stats_requests()
-        while True:
+    async def refresh(self) -> ReplicaReport:
+        """Ask for its counters now (GetServerInfo must not report a poll's stale totals); a
+        slow or failed answer keeps the last ones."""
+        if self.connected and self._stub is not None:
+            request, _ = convert.stats_requests()
             in_flight = self.in_flight
             try:
                 reply = await self._stub.GetStats(request, timeout=5.0, metadata=self._md)
             except grpc.aio.AioRpcError as exc:
-                log.debug("scheduler %s: stats poll failed: %s", self.address, exc.code().name)
+                log.debug("scheduler %s: stats failed: %s", self.address, exc.code().name)
             else:
-                self.stats = convert.replica_stats_from_pb(reply)
-                self._in_flight_at_poll = in_flight
+                if self.connected:  # not lost while it answered
+                    self.stats = convert.replica_stats_from_pb(reply)
+                    self._in_flight_at_poll = in_flight
+        return self.report()
+
+    async def _poll(self) -> None:
+        """Its load, for routing."""
+        while True:
+            await self.refresh()
             await asyncio.sleep(self._stats_interval_s)
 
     def _set(self, **flags: bool) -> None:

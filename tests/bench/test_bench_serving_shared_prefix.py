@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,40 +53,35 @@ def test_shared_prefix_requests_reuse_their_group_prefix(
     # 9 * 52 prompt ids (0.62). Three at a time, a twin may prefill beside its group's first.
     assert one["cached_share"] >= 0.5 and one["server_cached_share"] >= 0.5
     assert three["cached_share"] > 0 and three["server_cached_share"] > 0
-    assert one["replicas"] == [] and one["routing"] == ""  # one scheduler, no replica rows
+    assert one["routing"] == "cache_aware" and len(one["replicas"]) == 1
+    assert one["replicas"][0]["routed_requests"] == 9  # this level's requests only
     printed = capsys.readouterr().out
-    assert "srv cached" in printed and "replica" not in printed
+    assert "srv cached" in printed and "scheduler.sock serving" in printed
     assert _idle(target)  # every page back in the pool, nothing held by the gateway
 
 
-def test_compare_routing_runs_each_policy_on_a_server_of_its_own(
-        target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    """Today's `serve` takes no --routing: each launch gets the module's server, and the test
-    checks what each would have been started with."""
-    launched: list[list[str]] = []
-
-    @contextlib.contextmanager
-    def one_server(args: argparse.Namespace, flags: list[str]) -> Iterator[tuple[str, None]]:
-        assert args.launch
-        launched.append(flags)
-        yield target, None
-
-    monkeypatch.setattr(serving, "stack", one_server)
+def test_compare_routing_runs_each_policy_on_two_replicas_of_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each policy gets a fresh `serve --dp-size 2`: round robin splits every group over both
+    replicas, cache-aware keeps a group on one, so it finds more of its prefixes cached."""
     out = tmp_path / "routing.json"
-    code = serving.main(["--launch", *TINY, "--concurrency", "2", "--compare-routing",
-                         "least_load,round_robin", "--json", str(out), "--", *SERVE_FLAGS])
+    code = serving.main(["--launch", *TINY, "--concurrency", "1", "--compare-routing",
+                         "cache_aware,round_robin", "--json", str(out), "--", *SERVE_FLAGS,
+                         "--dp-size", "2"])
     assert code == 0
-    assert launched == [[*SERVE_FLAGS, "--routing", "least_load"],
-                        [*SERVE_FLAGS, "--routing", "round_robin"]]
     data = json.loads(out.read_text())
-    assert list(data["by_routing"]) == ["least_load", "round_robin"]
-    for (level,) in data["by_routing"].values():
-        assert level["completed"] == 9 and level["cached_share"] > 0
-    printed = capsys.readouterr()
-    table = printed.out[printed.out.index("routing       conc"):].splitlines()
-    assert [row.split()[0] for row in table[2:4]] == ["least_load", "round_robin"]
-    assert "the server reports" not in printed.err  # it names no policy, so no mismatch
+    assert list(data["by_routing"]) == ["cache_aware", "round_robin"]
+    (aware,), (robin,) = data["by_routing"].values()
+    for level, policy in ((aware, "cache_aware"), (robin, "round_robin")):
+        assert level["completed"] == 9 and level["routing"] == policy
+        assert len(level["replicas"]) == 2
+    # One at a time: round robin sends a group's three requests to alternating replicas, so at
+    # least one group prefills its prefix twice; cache-aware prefills each once (6 * 48 of 468).
+    assert aware["cached_share"] == pytest.approx(6 * 48 / (9 * 52))
+    assert robin["cached_share"] < aware["cached_share"]
+    table = capsys.readouterr().out
+    table = table[table.index("routing       conc"):].splitlines()
+    assert [row.split()[0] for row in table[2:4]] == ["cache_aware", "round_robin"]
 
 
 @pytest.mark.parametrize("argv", [

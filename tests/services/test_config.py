@@ -26,7 +26,7 @@ def test_replicas_and_routing_default_to_one_and_cache_aware() -> None:
 @pytest.mark.parametrize(("fields", "message"), [
     ({"dp_size": 0}, "dp_size must be >= 1"),
     ({"dp_size": -2}, "dp_size must be >= 1"),
-    ({"routing": "random"}, "routing must be one of"),
+    ({"routing": "random"}, "unknown routing policy"),
     # the schedulers take the ports after the gateway's
     ({"dp_size": 3, "metrics_port": 65533}, r"metrics port must be in \(0, 65533\)"),
     ({"device": "cuda:1", "dp_size": 2}, "pins one GPU"),

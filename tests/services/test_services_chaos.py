@@ -114,6 +114,11 @@ def test_killed_replica_ends_only_its_streams_and_is_restarted_in_place(
     assert victim is not None
     argv = cmdline(victim)
     address = argv.split()[argv.split().index("--address") + 1]
+    deadline = time.monotonic() + 240  # the gateway is ready with one replica; wait for both
+    while [r.state for r in s.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).replicas
+           ] != [pb.REPLICA_STATE_SERVING] * 2:
+        assert time.monotonic() < deadline, "the second replica never joined"
+        time.sleep(0.2)
     streams = Streams(s.stub, 8, max_new_tokens=400)  # round robin: four on each replica
     streams.wait_decoding()
     killed_at = time.monotonic()
