@@ -52,6 +52,10 @@ def replica_name(service: str, replica: int, dp_size: int) -> str:
     return service if dp_size == 1 else f"{service}-{replica}"
 
 
+def is_gateway(name: str) -> bool:
+    return name == "gateway" or name.startswith("gateway-")
+
+
 def build_children(cfg: ServeConfig, engine_argv: list[str], sockets: str,
                    envs: list[dict[str, str]]) -> list[Child]:
     """Every child, in the order their readiness is awaited: tokenizer, detokenizers, schedulers,
@@ -65,7 +69,8 @@ def build_children(cfg: ServeConfig, engine_argv: list[str], sockets: str,
         replica = i if cfg.dp_size > 1 else None
         detok, sched = (replica_name(s, i, cfg.dp_size) for s in ("detokenizer", "scheduler"))
         detok_addr, sched_addr = f"unix:{sockets}/{detok}.sock", f"unix:{sockets}/{sched}.sock"
-        metrics = ["--metrics-port", str(cfg.metrics_port + 1 + i)] if cfg.metrics_port else []
+        metrics = ["--metrics-port", str(cfg.metrics_port + cfg.gateways + i)] \
+            if cfg.metrics_port else []
         detokenizers.append(Child(detok, [*cli, "detokenizer", *model, "--address", detok_addr],
                                   detok_addr, replica))
         schedulers.append(Child(sched, [*cli, "scheduler", *model, "--address", sched_addr,
@@ -81,11 +86,15 @@ def build_children(cfg: ServeConfig, engine_argv: list[str], sockets: str,
         Child("tokenizer", [*cli, "tokenizer", *model, "--address", tokenizer], tokenizer),
         *detokenizers,
         *schedulers,
-        _gateway(cfg, cli, sockets, backends),
+        *(_gateway(cfg, cli, sockets, backends, i) for i in range(cfg.gateways)),
     ]
 
 
-def _gateway(cfg: ServeConfig, cli: list[str], sockets: str, backends: list[str]) -> Child:
+def _gateway(cfg: ServeConfig, cli: list[str], sockets: str, backends: list[str],
+             i: int) -> Child:
+    """Gateway i of `cfg.gateways`. Several share the public port (the kernel spreads client
+    connections over them); each then also listens on a private socket for its own probe."""
+    name = replica_name("gateway", i, cfg.gateways)
     limits = [
         "--default-max-new-tokens", str(cfg.gateway.default_max_new_tokens),
         "--max-in-flight", str(cfg.gateway.max_in_flight),
@@ -93,16 +102,20 @@ def _gateway(cfg: ServeConfig, cli: list[str], sockets: str, backends: list[str]
         "--routing", cfg.routing,
     ]
     tls, probe = cfg.public.tls, cfg.gateway_address
+    if tls is not None or cfg.gateways > 1:
+        # The health probe cannot present a client certificate, and on a shared port it would
+        # reach any gateway: each also listens on a private unix socket, next to the internal
+        # ones, for it.
+        probe = f"unix:{sockets}/{name}.sock"
+        limits += ["--probe-address", probe]
     if tls is not None:
-        # The health probe cannot present a client certificate: the gateway also listens on a
-        # private unix socket, next to the internal ones, for it.
-        probe = f"unix:{sockets}/gateway.sock"
-        limits += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--probe-address", probe]
+        limits += ["--tls-cert", tls.cert, "--tls-key", tls.key]
         limits += ["--tls-client-ca", tls.client_ca] if tls.client_ca else []
-    metrics = ["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port else []
+    limits += ["--reuse-port"] if cfg.gateways > 1 else []
+    metrics = ["--metrics-port", str(cfg.metrics_port + i)] if cfg.metrics_port else []
     argv = [*cli, "gateway", "--address", cfg.gateway_address, *backends,
             "--log-level", cfg.log_level, *limits, *metrics]
-    return Child("gateway", argv, probe)
+    return Child(name, argv, probe)
 
 
 def replica_envs(device: str, dp_size: int, tp_size: int, environ: Mapping[str, str],

@@ -179,11 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--metrics-port", type=int, default=None,
-                   help="Prometheus port of the gateway (scheduler replica i uses it + 1 + i)")
+                   help="Prometheus port of the gateway (gateway i uses it + i, scheduler "
+                        "replica i the port after the gateways' + i)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--dp-size", type=int, default=1,
                    help="scheduler replicas (data parallelism), each with its own detokenizer "
                         "and --tp-size GPUs")
+    p.add_argument("--gateways", type=int, default=1,
+                   help="gateway processes sharing the public port (the kernel spreads client "
+                        "connections over them); each fronts every replica")
     _add_routing(p)
     _add_security(p)
     _add_watchdog(p)
@@ -196,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=_env("log_level"))
     p.add_argument("--probe-address", default=None,
                    help="extra plaintext unix-socket listener for health probes (used by serve)")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="share --address's port with other gateway processes (SO_REUSEPORT)")
     _add_security(p)
     _add_backends(p, "tokenizer", "scheduler", "detokenizer",
                   repeated=("scheduler", "detokenizer"))
@@ -302,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
                 public=public, log_level=args.log_level,
                 watchdog_timeout_s=args.watchdog_timeout, dp_size=args.dp_size,
-                routing=args.routing,
+                gateways=args.gateways, routing=args.routing,
             )
             supervisor = Supervisor(serve_config, engine_argv(engine))  # places the replicas
         except ValueError as exc:
@@ -326,7 +332,7 @@ async def _serve_one(args: argparse.Namespace) -> int:
             raise SystemExit(f"radixserve gateway: {exc}") from None
         security = _security(args, args.probe_address)
         return await serve(args.address, backends, _frontend_config(args), args.metrics_port,
-                           secret, security, RoutingConfig(args.routing))
+                           secret, security, RoutingConfig(args.routing), args.reuse_port)
     model_path = _resolve_model(args.model)
     if args.command == "tokenizer":
         from radixserve.services.tokenizer.server import serve as serve_tokenizer

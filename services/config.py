@@ -25,12 +25,14 @@ class ServeConfig:
     gateway: FrontendConfig
     host: str = "127.0.0.1"
     port: int = 50051
-    metrics_port: int | None = None  # gateway; scheduler replica i's on metrics_port + 1 + i
+    # Gateway i's on metrics_port + i; scheduler replica i's on metrics_port + gateways + i.
+    metrics_port: int | None = None
     startup_timeout_s: float = 600.0
     log_level: str = "INFO"
     public: PublicSecurity = field(default_factory=PublicSecurity)  # the gateway port's key, TLS
     watchdog_timeout_s: float = 60.0  # scheduler hang watchdog; 0 turns it off
     dp_size: int = 1  # scheduler replicas (data parallelism), each with its own detokenizer
+    gateways: int = 1  # gateway processes sharing the public port
     routing: RoutingPolicy = "cache_aware"  # how the gateway picks a replica
 
     def __post_init__(self) -> None:
@@ -39,11 +41,14 @@ class ServeConfig:
             raise ValueError(f"port must be in (0, 65536), got {self.port}")
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.gateways < 1:
+            raise ValueError(f"gateways must be >= 1, got {self.gateways}")
         check_policy(self.routing)
-        # The schedulers take the dp_size ports after the gateway's.
-        if self.metrics_port is not None and not 0 < self.metrics_port < 65536 - self.dp_size:
-            raise ValueError(f"metrics port must be in (0, {65536 - self.dp_size}) with dp_size "
-                             f"{self.dp_size}, got {self.metrics_port}")
+        # The gateways and then the schedulers take consecutive ports from metrics_port.
+        top = 65536 - self.gateways - self.dp_size + 1
+        if self.metrics_port is not None and not 0 < self.metrics_port < top:
+            raise ValueError(f"metrics port must be in (0, {top}) with {self.gateways} gateway(s) "
+                             f"and dp_size {self.dp_size}, got {self.metrics_port}")
         if self.dp_size > 1 and ":" in self.engine.device:
             raise ValueError(f"device {self.engine.device!r} pins one GPU; with dp_size > 1 use "
                              "'cuda' or 'auto': each replica gets GPUs of its own")

@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from radixserve.services.children import Child, build_children, replica_envs
+from radixserve.services.children import Child, build_children, is_gateway, replica_envs
 from radixserve.services.common.auth import API_KEY_ENV, SECRET_ENV
 from radixserve.services.common.lifecycle import PARENT_PID_ENV
 from radixserve.services.config import ServeConfig
@@ -125,7 +125,7 @@ class Supervisor:
         env = {**os.environ, **child.env, PARENT_PID_ENV: str(os.getpid()),
                SECRET_ENV: self._secret}
         env.pop(API_KEY_ENV, None)  # only the gateway checks it, and it comes through env, not argv
-        if child.name == "gateway" and self._config.public.api_key:
+        if is_gateway(child.name) and self._config.public.api_key:
             env[API_KEY_ENV] = self._config.public.api_key
         # A session of its own: a terminal's Ctrl-C reaches only the supervisor, which then stops
         # the children in order (gateway first) instead of all of them at once.
@@ -208,10 +208,9 @@ class Supervisor:
     def _shutdown(self) -> None:
         """Gateway first (it drains client streams), then the backends together."""
         drain_s = self._config.gateway.drain_timeout_s
-        gateway = self._procs.get("gateway")
-        if gateway is not None:
-            _terminate([gateway], drain_s + STOP_GRACE_S)
-        _terminate([p for n, p in self._procs.items() if n != "gateway"], drain_s + STOP_GRACE_S)
+        _terminate([p for n, p in self._procs.items() if is_gateway(n)], drain_s + STOP_GRACE_S)
+        _terminate([p for n, p in self._procs.items() if not is_gateway(n)],
+                   drain_s + STOP_GRACE_S)
 
 
 class RestartBudget:

@@ -24,6 +24,7 @@ def step_from_pb(msg: pb.ProcessRequest) -> Step:
             stop=tuple(s.options.stop),
             include_stop_str=s.options.include_stop_str,
             skip_special_tokens=s.options.skip_special_tokens,
+            subscriber=s.options.subscriber,
         )
         for s in msg.setups
     ]
@@ -61,6 +62,10 @@ def delta_to_pb(delta: Delta) -> pb.RequestDelta:
 
 def deltas_to_pb(deltas: list[Delta]) -> pb.SubscribeResponse:
     return pb.SubscribeResponse(deltas=[delta_to_pb(d) for d in deltas])
+
+
+def subscriber_from_pb(msg: pb.SubscribeRequest) -> str:
+    return msg.subscriber
 
 
 def aborts_to_pb(abort_ids: list[str]) -> pb.ProcessResponse:

@@ -29,7 +29,8 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
     def __init__(self, factory: DetokenizerFactory) -> None:
         self._factory = factory
         self._states: set[DetokenizerState] = set()
-        self._subscribers: set[asyncio.Queue[pb.SubscribeResponse]] = set()
+        # Each gateway's queue, and the subscriber name it gave ("" for every delta).
+        self._subscribers: dict[asyncio.Queue[pb.SubscribeResponse], str] = {}
         # One worker thread: steps of a stream are applied in order, off the event loop.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="detokenize")
 
@@ -47,10 +48,13 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         log.info("scheduler stream opened")
         try:
             async for request in request_iterator:
-                deltas, aborts = await loop.run_in_executor(self._worker, _apply, state, request)
-                if deltas is not None:
-                    for queue in self._subscribers:
-                        queue.put_nowait(deltas)
+                names = set(self._subscribers.values())
+                deltas, aborts = await loop.run_in_executor(self._worker, _apply, state, request,
+                                                            names)
+                for queue, name in self._subscribers.items():
+                    message = deltas.get(name)
+                    if message is not None:
+                        queue.put_nowait(message)
                 if aborts is not None:
                     await context.write(aborts)
         finally:
@@ -64,13 +68,13 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.SubscribeResponse]:
         queue: asyncio.Queue[pb.SubscribeResponse] = asyncio.Queue()
-        self._subscribers.add(queue)
+        self._subscribers[queue] = convert.subscriber_from_pb(request)
         await context.send_initial_metadata(())
         try:
             while True:
                 yield await queue.get()
         finally:
-            self._subscribers.discard(queue)
+            del self._subscribers[queue]
 
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
@@ -78,13 +82,18 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         return convert.stats_to_pb(self.live_requests, len(self._subscribers))
 
 
-def _apply(state: DetokenizerState, request: pb.ProcessRequest
-           ) -> tuple[pb.SubscribeResponse | None, pb.ProcessResponse | None]:
-    """Runs on the worker thread: convert, detokenize, convert back. (The step's deltas for the
-    gateways, the stop-string aborts for the scheduler); None where there are none."""
+def _apply(state: DetokenizerState, request: pb.ProcessRequest, subscribers: set[str]
+           ) -> tuple[dict[str, pb.SubscribeResponse], pb.ProcessResponse | None]:
+    """Runs on the worker thread: convert, detokenize, convert back. (The step's deltas for each
+    subscriber name that has any, the stop-string aborts for the scheduler or None.) A named
+    subscriber gets its own requests' deltas and the unnamed requests'; "" gets them all."""
     result = state.apply(convert.step_from_pb(request))
-    deltas = convert.deltas_to_pb(result.deltas) if result.deltas else None
-    return deltas, convert.aborts_to_pb(result.abort_ids) if result.abort_ids else None
+    messages: dict[str, pb.SubscribeResponse] = {}
+    for name in subscribers:
+        deltas = [d for d in result.deltas if d.subscriber in (name, "")] if name else result.deltas
+        if deltas:
+            messages[name] = convert.deltas_to_pb(deltas)
+    return messages, convert.aborts_to_pb(result.abort_ids) if result.abort_ids else None
 
 
 def hf_factory(tokenizer: Any) -> DetokenizerFactory:

@@ -20,6 +20,7 @@ class Setup:
     stop: tuple[str, ...] = ()
     include_stop_str: bool = False
     skip_special_tokens: bool = True
+    subscriber: str = ""  # the gateway subscription its deltas go to; "" for every one
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Delta:
     text: str
     logprobs: Sequence[Any] = ()
     finish: Finish | None = None
+    subscriber: str = ""
 
 
 class StepResult(NamedTuple):
@@ -84,6 +86,7 @@ DetokenizerFactory = Callable[[Setup], Detokenizer]
 @dataclass
 class _Live:
     detok: Detokenizer
+    subscriber: str = ""
     completion_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -103,7 +106,7 @@ class DetokenizerState:
         for rid in step.aborted:
             self._live.pop(rid, None)
         for setup in step.setups:
-            self._live[setup.rid] = _Live(self._factory(setup))
+            self._live[setup.rid] = _Live(self._factory(setup), setup.subscriber)
         deltas: list[Delta] = []
         abort_ids: list[str] = []
         for out in step.outputs:
@@ -129,13 +132,13 @@ class DetokenizerState:
         text = step.text
         if step.stopped is not None:
             finish = self._finish(live, "stop_string", stop_string=step.stopped)
-            return Delta(out.rid, out.token_ids, text, out.logprobs, finish), True
+            return Delta(out.rid, out.token_ids, text, out.logprobs, finish, live.subscriber), True
         if out.finish_reason is None:
-            return Delta(out.rid, out.token_ids, text, out.logprobs), False
+            return Delta(out.rid, out.token_ids, text, out.logprobs, None, live.subscriber), False
         text += live.detok.flush()
         stop_token = out.matched_stop_token if out.finish_reason == "stop_token" else None
         finish = self._finish(live, out.finish_reason, stop_token_id=stop_token)
-        return Delta(out.rid, out.token_ids, text, out.logprobs, finish), False
+        return Delta(out.rid, out.token_ids, text, out.logprobs, finish, live.subscriber), False
 
     @staticmethod
     def _finish(

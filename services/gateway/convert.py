@@ -226,7 +226,7 @@ def job_results_from_pb(msg: tok_pb.ProcessResponse) -> list[tuple[str, JobResul
 
 def new_request_to_pb(
     rid: str, prompt_ids: list[int], params: SamplingParams, skip_special_tokens: bool,
-    group: str = "",
+    group: str = "", subscriber: str = "",
 ) -> sched_pb.NewRequest:
     assert params.max_new_tokens is not None, "max_new_tokens is resolved before submission"
     sampling = sched_pb.SamplingParams(
@@ -253,6 +253,7 @@ def new_request_to_pb(
         stop=params.stop,
         include_stop_str=params.include_stop_str,
         skip_special_tokens=skip_special_tokens,
+        subscriber=subscriber,
     )
     return sched_pb.NewRequest(
         request_id=rid, prompt_ids=prompt_ids, sampling=sampling, detokenize=options,
@@ -297,8 +298,8 @@ def stats_requests() -> tuple[sched_pb.GetStatsRequest, detok_pb.GetStatsRequest
     return sched_pb.GetStatsRequest(), detok_pb.GetStatsRequest()
 
 
-def subscribe_request() -> detok_pb.SubscribeRequest:
-    return detok_pb.SubscribeRequest()
+def subscribe_request(subscriber: str) -> detok_pb.SubscribeRequest:
+    return detok_pb.SubscribeRequest(subscriber=subscriber)
 
 
 def replica_stats_from_pb(msg: sched_pb.GetStatsResponse) -> ReplicaStats:

@@ -152,7 +152,8 @@ class Frontend(SchedulerEvents):
                 group = handle.rids[0] if n > 1 else ""
                 handle.unacked = (prompt_ids, [
                     convert.new_request_to_pb(rid, prompt_ids, _completion_params(params, i),
-                                              handle.spec.skip_special_tokens, group)
+                                              handle.spec.skip_special_tokens, group,
+                                              self._links.subscriber)
                     for i, rid in enumerate(handle.rids)
                 ])
                 self._submit(handle, self._links.pick(prompt_ids, n))

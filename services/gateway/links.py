@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -94,9 +95,12 @@ class Links(ReplicaEvents):
         self.router = create_router(self.routing)
         self.tokenizer = TokenizerLink(backends.tokenizer, self._tokenizer_changed, metadata,
                                        retry_s)
+        # Requests name this gateway, so that detokenizers shared with other gateways send each
+        # gateway only its own deltas.
+        self.subscriber = uuid.uuid4().hex
         self.subscriptions = [
-            DetokenizerSubscription(address, self._on_output, self._subscription_changed,
-                                    metadata, retry_s)
+            DetokenizerSubscription(address, self.subscriber, self._on_output,
+                                    self._subscription_changed, metadata, retry_s)
             for address in backends.detokenizers
         ]
         self.replicas: list[SchedulerReplica] = []

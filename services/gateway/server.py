@@ -142,6 +142,7 @@ async def create_server(
     secret: str | None = None,
     security: auth.PublicSecurity | None = None,
     routing: RoutingConfig | None = None,
+    reuse_port: bool = False,
 ) -> Served:
     """Build the gateway on `address` (port 0 picks one) and start connecting to the backends."""
     metrics = metrics or GatewayMetrics()
@@ -151,7 +152,10 @@ async def create_server(
     errors = ErrorInterceptor(metrics.on_status)
     gateway.open_calls = lambda: errors.open_calls
     interceptors = [errors, *auth.public_interceptors(security.api_key)]
-    server = rpc.create_aio_server(interceptors, rpc.PUBLIC_SERVER_OPTIONS)
+    # The port is not shared unless asked: a stale gateway must not silently take half the calls.
+    options = [(k, v) for k, v in rpc.PUBLIC_SERVER_OPTIONS if k != "grpc.so_reuseport"]
+    options.append(("grpc.so_reuseport", int(reuse_port)))
+    server = rpc.create_aio_server(interceptors, options)
     servicer = GenerateServicer(gateway.frontend, gateway.links.routing.policy)
     pb_grpc.add_GenerateServiceServicer_to_server(servicer, server)
     gateway.health = rpc.Health(server, [SERVICE_NAME])
@@ -172,6 +176,7 @@ async def serve(
     secret: str | None = None,
     security: auth.PublicSecurity | None = None,
     routing: RoutingConfig | None = None,
+    reuse_port: bool = False,
 ) -> int:
     """Entry point of `radixserve gateway`: serve until SIGTERM, drain, exit."""
     from radixserve.services.common.lifecycle import exit_now, run_until_signal
@@ -179,7 +184,8 @@ async def serve(
     metrics = GatewayMetrics()
     if metrics_port:
         metrics.serve_http(metrics_port)
-    served = await create_server(address, backends, config, metrics, secret, security, routing)
+    served = await create_server(address, backends, config, metrics, secret, security, routing,
+                                 reuse_port)
     await served.server.start()
     security = security or auth.PublicSecurity()
     log.info("gateway listening on %s (port %d, %s, %s)", address, served.port,

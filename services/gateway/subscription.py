@@ -23,12 +23,14 @@ class DetokenizerSubscription:
     def __init__(
         self,
         address: str,
+        subscriber: str,
         on_output: Callable[[Output], None],
         on_change: Callable[[DetokenizerSubscription], None],
         metadata: tuple[tuple[str, str], ...] = (),
         retry_s: float = 0.5,
     ) -> None:
         self.address = address
+        self._subscriber = subscriber  # this gateway's name: the detokenizer sends only its deltas
         self._on_output = on_output
         self._on_change = on_change
         self._md = metadata
@@ -55,7 +57,8 @@ class DetokenizerSubscription:
 
     async def _session(self) -> None:
         assert self._stub is not None
-        call = self._stub.Subscribe(convert.subscribe_request(), wait_for_ready=True,
+        call = self._stub.Subscribe(convert.subscribe_request(self._subscriber),
+                                    wait_for_ready=True,
                                     metadata=self._md)
         try:
             await call.wait_for_connection()

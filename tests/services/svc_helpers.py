@@ -325,6 +325,10 @@ class Stack:
                 return pid
         raise LookupError(name)
 
+    def gateway_pids(self) -> list[int]:
+        return [pid for pid in child_pids(self.proc.pid)
+                if "radixserve.services.cli gateway " in cmdline(pid)]
+
     def internal_address(self, name: str) -> str:
         """The address `serve` gave the tokenizer, detokenizer or scheduler (a private socket)."""
         argv = cmdline(self.child(name)).split()

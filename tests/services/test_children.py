@@ -60,6 +60,26 @@ def test_two_replicas_pair_schedulers_with_detokenizers() -> None:
     assert gateway.routing == "least_load" and gateway.metrics_port == 9400
 
 
+def test_gateways_share_the_port_and_are_probed_each_on_its_own_socket() -> None:
+    from radixserve.services.children import build_children, is_gateway
+
+    children = build_children(_config(gateways=2, dp_size=2, metrics_port=9400),
+                              ["--device", "cpu"], "/run/s", [{}, {}])
+    gateways = [c for c in children if is_gateway(c.name)]
+    assert [c.name for c in gateways] == ["gateway-0", "gateway-1"]
+    for i, child in enumerate(gateways):
+        args = _parse(child)
+        assert args.address == "127.0.0.1:50051" and args.reuse_port
+        # A probe of the shared port could reach any of them: each has a socket of its own.
+        assert child.address == args.probe_address == f"unix:/run/s/gateway-{i}.sock"
+        assert args.metrics_port == 9400 + i
+        assert args.scheduler_addr == [f"unix:/run/s/scheduler-{r}.sock" for r in range(2)]
+    schedulers = [_parse(c) for c in children if c.name.startswith("scheduler-")]
+    assert [a.metrics_port for a in schedulers] == [9402, 9403]  # after the gateways'
+    one = [c for c in build_children(_config(), [], "/run/s", [{}]) if is_gateway(c.name)]
+    assert [c.name for c in one] == ["gateway"] and not _parse(one[0]).reuse_port
+
+
 def test_one_replica_keeps_the_single_names() -> None:
     from radixserve.services.children import build_children
 

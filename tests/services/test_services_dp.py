@@ -140,3 +140,50 @@ def test_replica_serving_another_model_is_not_used(demo_path: str) -> None:
 
     run_in_process(demo_path, body, engines=[FakeEngine(), FakeEngine(vocab_size=2048)],
                    routing=RoutingConfig("round_robin"))
+
+
+def test_gateways_sharing_replicas_each_get_only_their_own_deltas(demo_path: str) -> None:
+    """Two gateways in front of the same replicas: each names itself to the detokenizers, which
+    send it only its requests' deltas (the other gateway's tokens are not its work)."""
+    async def body(stack: InProcess, stub: Any) -> None:
+        from radixserve.services.gateway import server as gw_server
+        from radixserve.services.gateway.frontend import FrontendConfig
+        from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+        backends = gw_server.BackendAddresses(
+            f"127.0.0.1:{stack.ports['tokenizer']}", [r.address for r in stack.replicas],
+            [r.detokenizer_address for r in stack.replicas])
+        other = await gw_server.create_server("127.0.0.1:0", backends, FrontendConfig())
+        await other.server.start()
+        stack.servers.append(other.server)
+        seen: dict[str, set[str]] = {"first": set(), "other": set()}
+        for name, gateway in (("first", stack.gateway), ("other", other.gateway)):
+            frontend = gateway.frontend
+            gateway.links.events = _Recording(frontend, seen[name])
+        await until(lambda: other.gateway.links.ready
+                    and all(r.routable for r in other.gateway.links.replicas))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{other.port}") as channel:
+            other_stub = pb_grpc.GenerateServiceStub(channel)
+            for i in range(4):
+                for s in (stub, other_stub):
+                    assert (await acollect(s, request([21, i], max_new_tokens=3))).code == OK
+        assert len(seen["first"]) == len(seen["other"]) == 4
+        assert not seen["first"] & seen["other"]  # no delta reached the other gateway
+        await until(lambda: idle(stack))
+
+    run_in_process(demo_path, body, engines=[FakeEngine(), FakeEngine()])
+
+
+class _Recording:
+    """A frontend's events, with the ids of the deltas it is given recorded."""
+
+    def __init__(self, frontend: Any, rids: set[str]) -> None:
+        self._frontend = frontend
+        self._rids = rids
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._frontend, name)
+
+    def on_output(self, output: Any) -> None:
+        self._rids.add(output.rid)
+        self._frontend.on_output(output)

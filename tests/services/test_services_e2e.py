@@ -288,3 +288,34 @@ def test_bench_abort_smoke(stack: Stack) -> None:
     assert result["ms"]["p50"] > 0 and result["step_ms"] > 0, table
     assert 0 <= result["steps"]["p50"] <= result["steps"]["max"], table
     assert "| engine steps |" in table
+
+
+def test_two_gateways_share_the_public_port(tmp_path) -> None:
+    """`serve --gateways 2`: both gateway processes listen on the one port, the kernel spreads
+    client connections over them, and each serves the calls that reach it."""
+    import time
+
+    from radixserve.v1 import generate_pb2_grpc as pb_grpc
+
+    log = tmp_path / "serve.log"
+    s = Stack("--gateways", "2", log_path=log)
+    try:
+        s.wait_ready()
+        deadline = time.monotonic() + 240  # every child ready, the second gateway too
+        while "serving " not in log.read_text():
+            assert s.proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        assert len(s.gateway_pids()) == 2
+        routed = []
+        for i in range(16):
+            # A channel of its own is a connection of its own, which either gateway may accept.
+            with grpc.insecure_channel(s.target,
+                                       options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+                stub = pb_grpc.GenerateServiceStub(ch)
+                assert collect(stub, request([7, i], max_new_tokens=2)).code == grpc.StatusCode.OK
+                info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+                routed.append(info.replicas[0].routed_requests)  # counted by that gateway
+        # One gateway alone would have counted 1, 2, ..., 16; two split the count between them.
+        assert max(routed) < 16, routed
+    finally:
+        s.stop()

@@ -23,14 +23,16 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORTED: FinishReason
 
 class RequestOptions(_message.Message):
-    __slots__ = ("stop", "include_stop_str", "skip_special_tokens")
+    __slots__ = ("stop", "include_stop_str", "skip_special_tokens", "subscriber")
     STOP_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_STOP_STR_FIELD_NUMBER: _ClassVar[int]
     SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
     stop: _containers.RepeatedScalarFieldContainer[str]
     include_stop_str: bool
     skip_special_tokens: bool
-    def __init__(self, stop: _Optional[_Iterable[str]] = ..., include_stop_str: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ...) -> None: ...
+    subscriber: str
+    def __init__(self, stop: _Optional[_Iterable[str]] = ..., include_stop_str: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., subscriber: _Optional[str] = ...) -> None: ...
 
 class RequestSetup(_message.Message):
     __slots__ = ("request_id", "prompt_ids", "options")
@@ -93,8 +95,10 @@ class ProcessResponse(_message.Message):
     def __init__(self, abort_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("subscriber",)
+    SUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
+    subscriber: str
+    def __init__(self, subscriber: _Optional[str] = ...) -> None: ...
 
 class Finish(_message.Message):
     __slots__ = ("reason", "stop_string", "stop_token_id", "prompt_tokens", "completion_tokens", "cached_tokens")
