@@ -73,6 +73,9 @@ class BenchConfig:
     # The shared-prefix workload (every request decodes exactly output_len); None: random.
     shared_prefix: SharedPrefix | None = None
     poll_interval_s: float = POLL_INTERVAL_S  # GetServerInfo during a level
+    # Client connections, requests spread over them in turn: a server with several gateways on
+    # one port (serve --gateways) gives each connection to one of them.
+    channels: int = 1
 
     def __post_init__(self) -> None:
         if not self.concurrencies or min(self.concurrencies) < 1:
@@ -85,6 +88,8 @@ class BenchConfig:
             raise ValueError("rate fractions must be > 0")
         if not self.poll_interval_s > 0:
             raise ValueError("poll-interval must be > 0")
+        if self.channels < 1:
+            raise ValueError("channels must be >= 1")
 
 
 @dataclass
@@ -161,20 +166,22 @@ async def _one(stub: pb_grpc.GenerateServiceStub, prompt: list[int], max_new: in
     return record
 
 
-async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrency: int,
+async def _level(stubs: list[pb_grpc.GenerateServiceStub], cfg: BenchConfig, concurrency: int,
                  work: Work, rate: float) -> LevelResult:
     gate = asyncio.Semaphore(concurrency)
     rng = random.Random(cfg.seed + concurrency)
 
-    async def limited(prompt: list[int], max_new: int) -> RequestRecord:
+    async def limited(stub: pb_grpc.GenerateServiceStub, prompt: list[int],
+                      max_new: int) -> RequestRecord:
         async with gate:
             return await _one(stub, prompt, max_new, cfg.temperature, cfg.n)
 
     tasks = []
-    async with ServerWatch(stub, cfg.poll_interval_s) as watch:
+    async with ServerWatch(stubs[0], cfg.poll_interval_s) as watch:
         began = time.perf_counter()
-        for prompt, max_new in work:
-            tasks.append(asyncio.create_task(limited(prompt, max_new)))
+        for i, (prompt, max_new) in enumerate(work):
+            stub = stubs[i % len(stubs)]
+            tasks.append(asyncio.create_task(limited(stub, prompt, max_new)))
             if rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(rate))
         records = await asyncio.gather(*tasks)
@@ -203,25 +210,37 @@ async def _level(stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig, concurrenc
 
 
 async def run(cfg: BenchConfig) -> list[LevelResult]:
-    async with grpc.aio.insecure_channel(cfg.target) as channel:
-        stub = pb_grpc.GenerateServiceStub(channel)
-        vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
-        server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
-        # Warm the path end to end with prompts no level sends: one per replica, sent together so
-        # that a router spreads them.
-        sp = cfg.shared_prefix
-        length = sp.prefix_len + sp.suffix_len if sp is not None else cfg.input_len
-        warm = warm_up_prompts(max(1, len(server.replicas)), length, vocab, cfg.seed)
-        await asyncio.gather(*(_one(stub, prompt, 2, cfg.temperature) for prompt in warm))
-        results = []
-        for level, c in enumerate(cfg.concurrencies):
-            work = _workload(cfg, vocab, level)
-            results.append(await _level(stub, cfg, c, work, cfg.request_rate))
-        peak = max(r.request_s for r in results)
-        for level, fraction in enumerate(cfg.rate_fractions, start=len(results)):
-            work = _workload(cfg, vocab, level)
-            results.append(await _level(stub, cfg, max(cfg.concurrencies), work, fraction * peak))
-        return results
+    # A local subchannel pool each: channels to one target would otherwise share a connection.
+    channels = [grpc.aio.insecure_channel(cfg.target,
+                                          options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(cfg.channels)]
+    try:
+        return await _run(cfg, [pb_grpc.GenerateServiceStub(c) for c in channels])
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+async def _run(cfg: BenchConfig, stubs: list[pb_grpc.GenerateServiceStub]) -> list[LevelResult]:
+    stub = stubs[0]
+    vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
+    server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
+    # Warm the path end to end with prompts no level sends: one per replica, sent together so
+    # that a router spreads them.
+    sp = cfg.shared_prefix
+    length = sp.prefix_len + sp.suffix_len if sp is not None else cfg.input_len
+    warm = warm_up_prompts(max(1, len(server.replicas)), length, vocab, cfg.seed)
+    await asyncio.gather(*(_one(stub, prompt, 2, cfg.temperature) for prompt in warm))
+    results = []
+    for level, c in enumerate(cfg.concurrencies):
+        work = _workload(cfg, vocab, level)
+        results.append(await _level(stubs, cfg, c, work, cfg.request_rate))
+    peak = max(r.request_s for r in results)
+    for level, fraction in enumerate(cfg.rate_fractions, start=len(results)):
+        work = _workload(cfg, vocab, level)
+        results.append(await _level(stubs, cfg, max(cfg.concurrencies), work,
+                                    fraction * peak))
+    return results
 
 
 def format_table(results: list[LevelResult]) -> str:
@@ -360,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n", type=int, default=1, help="completions per request (sampling.n)")
+    p.add_argument("--channels", type=int, default=1,
+                   help="client connections, requests spread over them in turn (a server with "
+                        "--gateways K serves each connection on one of its gateways)")
     p.add_argument("--poll-interval", type=float, default=POLL_INTERVAL_S,
                    help="seconds between GetServerInfo polls during a level")
     p.add_argument("--compare-routing", nargs="?", const=",".join(ROUTING_POLICIES),
@@ -393,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             tuple(float(f) for f in args.rate_fractions.split(",") if f),
             args.slo_ttft_ms, args.slo_tpot_ms,
             SharedPrefix(args.groups, args.per_group, args.prefix_len, args.suffix_len)
-            if shared else None, args.poll_interval)
+            if shared else None, args.poll_interval, args.channels)
     except ValueError as exc:
         p.error(str(exc))
     if args.offline_only:  # the child of offline_in_child
