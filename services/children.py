@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from radixserve.services.config import ServeConfig
+from radixserve.services.gateway.routing import RoutingConfig
 
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -99,7 +100,7 @@ def _gateway(cfg: ServeConfig, cli: list[str], sockets: str, backends: list[str]
         "--default-max-new-tokens", str(cfg.gateway.default_max_new_tokens),
         "--max-in-flight", str(cfg.gateway.max_in_flight),
         "--drain-timeout", str(cfg.gateway.drain_timeout_s),
-        "--routing", cfg.routing,
+        *routing_argv(cfg.routing),
     ]
     tls, probe = cfg.public.tls, cfg.gateway_address
     if tls is not None or cfg.gateways > 1:
@@ -116,6 +117,15 @@ def _gateway(cfg: ServeConfig, cli: list[str], sockets: str, backends: list[str]
     argv = [*cli, "gateway", "--address", cfg.gateway_address, *backends,
             "--log-level", cfg.log_level, *limits, *metrics]
     return Child(name, argv, probe)
+
+
+def routing_argv(routing: RoutingConfig) -> list[str]:
+    """The gateway flags that rebuild `routing` (a RoutingConfig) in a child process."""
+    return ["--routing", routing.policy,
+            "--routing-cache-threshold", str(routing.cache_threshold),
+            "--routing-balance-abs", str(routing.balance_abs),
+            "--routing-balance-rel", str(routing.balance_rel),
+            "--routing-max-tree-tokens", str(routing.max_tree_tokens)]
 
 
 def replica_envs(device: str, dp_size: int, tp_size: int, environ: Mapping[str, str],

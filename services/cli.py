@@ -166,8 +166,30 @@ def _add_backends(p: argparse.ArgumentParser, *names: str, repeated: tuple[str, 
 
 
 def _add_routing(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--routing", choices=cfg.ROUTING_POLICIES, default="cache_aware",
+    from radixserve.services.gateway.routing import RoutingConfig
+
+    d = RoutingConfig()
+    p.add_argument("--routing", choices=cfg.ROUTING_POLICIES, default=d.policy,
                    help="how the gateway picks a scheduler replica for a request")
+    p.add_argument("--routing-cache-threshold", type=float, default=d.cache_threshold,
+                   help="cache_aware: share of a prompt a replica must hold to win it by affinity")
+    p.add_argument("--routing-balance-abs", type=int, default=d.balance_abs,
+                   help="cache_aware: loads are imbalanced (least-loaded wins) past this many "
+                        "requests of difference ...")
+    p.add_argument("--routing-balance-rel", type=float, default=d.balance_rel,
+                   help="... and past this ratio of the busiest to the idlest replica's load")
+    p.add_argument("--routing-max-tree-tokens", type=int, default=d.max_tree_tokens,
+                   help="cache_aware: prompt tokens remembered per replica (LRU beyond)")
+
+
+def routing_config(args: argparse.Namespace) -> Any:
+    from radixserve.services.gateway.routing import RoutingConfig
+
+    try:
+        return RoutingConfig(args.routing, args.routing_cache_threshold, args.routing_balance_abs,
+                             args.routing_balance_rel, args.routing_max_tree_tokens)
+    except ValueError as exc:
+        raise SystemExit(f"radixserve: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -308,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
                 public=public, log_level=args.log_level,
                 watchdog_timeout_s=args.watchdog_timeout, dp_size=args.dp_size,
-                gateways=args.gateways, routing=args.routing,
+                gateways=args.gateways, routing=routing_config(args),
             )
             supervisor = Supervisor(serve_config, engine_argv(engine))  # places the replicas
         except ValueError as exc:
@@ -322,7 +344,6 @@ async def _serve_one(args: argparse.Namespace) -> int:
 
     secret = os.environ.get(SECRET_ENV) or None  # unset: internal calls are not authenticated
     if args.command == "gateway":
-        from radixserve.services.gateway.routing import RoutingConfig
         from radixserve.services.gateway.server import BackendAddresses, serve
 
         try:
@@ -332,7 +353,7 @@ async def _serve_one(args: argparse.Namespace) -> int:
             raise SystemExit(f"radixserve gateway: {exc}") from None
         security = _security(args, args.probe_address)
         return await serve(args.address, backends, _frontend_config(args), args.metrics_port,
-                           secret, security, RoutingConfig(args.routing), args.reuse_port)
+                           secret, security, routing_config(args), args.reuse_port)
     model_path = _resolve_model(args.model)
     if args.command == "tokenizer":
         from radixserve.services.tokenizer.server import serve as serve_tokenizer

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from radixserve.engine.config import EngineConfig
 from radixserve.services.common.auth import PublicSecurity
 from radixserve.services.gateway.frontend import FrontendConfig
-from radixserve.services.gateway.routing import ROUTING_POLICIES, RoutingPolicy, check_policy
+from radixserve.services.gateway.routing import ROUTING_POLICIES, RoutingConfig
 
 DEFAULT_GATEWAY_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TOKENIZER_ADDRESS = "127.0.0.1:50052"
@@ -33,7 +33,7 @@ class ServeConfig:
     watchdog_timeout_s: float = 60.0  # scheduler hang watchdog; 0 turns it off
     dp_size: int = 1  # scheduler replicas (data parallelism), each with its own detokenizer
     gateways: int = 1  # gateway processes sharing the public port
-    routing: RoutingPolicy = "cache_aware"  # how the gateway picks a replica
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # how the gateway picks one
 
     def __post_init__(self) -> None:
         # The supervisor checks the gateway's health on this port, so it must be a real one.
@@ -43,7 +43,6 @@ class ServeConfig:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
         if self.gateways < 1:
             raise ValueError(f"gateways must be >= 1, got {self.gateways}")
-        check_policy(self.routing)
         # The gateways and then the schedulers take consecutive ports from metrics_port.
         top = 65536 - self.gateways - self.dp_size + 1
         if self.metrics_port is not None and not 0 < self.metrics_port < top:

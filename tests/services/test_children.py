@@ -34,7 +34,10 @@ def test_two_replicas_pair_schedulers_with_detokenizers() -> None:
     from radixserve.services.children import build_children
 
     envs = [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
-    children = build_children(_config(dp_size=2, metrics_port=9400, routing="least_load"),
+    from radixserve.services.gateway.routing import RoutingConfig
+
+    routing = RoutingConfig("least_load", balance_abs=8, balance_rel=1.25)
+    children = build_children(_config(dp_size=2, metrics_port=9400, routing=routing),
                               ["--device", "cpu"], "/run/s", envs)
     by_name = {c.name: c for c in children}
     assert [c.name for c in children] == ["tokenizer", "detokenizer-0", "detokenizer-1",
@@ -58,6 +61,7 @@ def test_two_replicas_pair_schedulers_with_detokenizers() -> None:
     assert gateway.scheduler_addr == [by_name[f"scheduler-{i}"].address for i in range(2)]
     assert gateway.detokenizer_addr == [by_name[f"detokenizer-{i}"].address for i in range(2)]
     assert gateway.routing == "least_load" and gateway.metrics_port == 9400
+    assert (gateway.routing_balance_abs, gateway.routing_balance_rel) == (8, 1.25)
 
 
 def test_gateways_share_the_port_and_are_probed_each_on_its_own_socket() -> None:

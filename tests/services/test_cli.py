@@ -29,6 +29,20 @@ def test_cli_serve_takes_replicas_and_routing() -> None:
         build_parser().parse_args(["serve", "--routing", "random"])
 
 
+def test_cli_routing_knobs_build_a_checked_routing_config(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from radixserve.services.cli import build_parser, routing_config
+
+    args = build_parser().parse_args(["gateway", "--routing-balance-abs", "8",
+                                      "--routing-cache-threshold", "0.25"])
+    routing = routing_config(args)
+    assert (routing.policy, routing.balance_abs, routing.cache_threshold) == (
+        "cache_aware", 8, 0.25)
+    bad = build_parser().parse_args(["serve", "--routing-balance-rel", "0.5"])
+    with pytest.raises(SystemExit, match="balance_rel .* must be >= 1.0"):
+        routing_config(bad)
+
+
 def test_cli_gateway_backends_repeat_and_default_from_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from radixserve.services.cli import build_parser

@@ -18,15 +18,12 @@ def _serve(device: str = "cpu", **fields: Any) -> Any:
 
 def test_replicas_and_routing_default_to_one_and_cache_aware() -> None:
     config = _serve()
-    assert (config.dp_size, config.routing) == (1, "cache_aware")
-    for routing in ("cache_aware", "least_load", "round_robin"):
-        assert _serve(dp_size=4, routing=routing).routing == routing
+    assert (config.dp_size, config.routing.policy) == (1, "cache_aware")
 
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"dp_size": 0}, "dp_size must be >= 1"),
     ({"dp_size": -2}, "dp_size must be >= 1"),
-    ({"routing": "random"}, "unknown routing policy"),
     # the schedulers take the ports after the gateway's
     ({"dp_size": 3, "metrics_port": 65533}, r"metrics port must be in \(0, 65533\)"),
     ({"device": "cuda:1", "dp_size": 2}, "pins one GPU"),
