@@ -4,7 +4,8 @@
 #   1. one container (`radixserve serve`, the built-in demo model) answers a Generate;
 #   2. the compose stack (four services, healthchecks, the gateway's one published port, an
 #      internal secret) comes up healthy and answers a Generate through the gateway;
-#   3. everything it started is removed.
+#   3. so does the stack with docker-compose.dp2.yml, with both scheduler replicas serving;
+#   4. everything it started is removed.
 #
 # Runs on a machine with no image registry: installs docker.io / docker-compose / debootstrap when
 # missing, starts dockerd when none is running (and stops it again on exit), builds the Debian base
@@ -25,7 +26,7 @@ python=${PYTHON:-.venv/bin/python}
 wait_s=${SMOKE_TIMEOUT:-420}
 project=radixserve-smoke-$$
 container=$project-serve
-compose=(docker-compose -p "$project" -f docker/docker-compose.yml)
+compose=()  # the compose command of the stack under test (compose_stack)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 work=$(mktemp -d "${TMPDIR:-/tmp}/radixserve-smoke.XXXXXX")
@@ -125,24 +126,42 @@ secret=${RADIXSERVE_INTERNAL_SECRET:-$("$python" -c 'import secrets; print(secre
 gw_port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 printf 'RADIXSERVE_INTERNAL_SECRET=%s\n' "$secret" >"$work/env"
 export RADIXSERVE_ENV_FILE="$work/env" RADIXSERVE_PORT="$gw_port"
-say "compose up (project $project, gateway on 127.0.0.1:$gw_port)"
-compose_up=1
-# `up` returns once every depends_on healthcheck has passed, or fails when one does not.
-timeout "$wait_s" "${compose[@]}" up -d --no-build >"$work/compose.log" 2>&1 || {
-  cat "$work/compose.log" >&2
-  fail "compose up (or a healthcheck) did not succeed within ${wait_s} s"
+
+# compose_stack REPLICAS FILE...: bring up the stack of these compose files on the image just
+# built, check that every service turns healthy, that the gateway answers with REPLICAS scheduler
+# replicas serving and is the stack's only published port, and take the stack down again.
+compose_stack() {
+  local replicas=$1 file service id health services
+  shift
+  compose=(docker-compose -p "$project")
+  for file in "$@"; do compose+=(-f "$file"); done
+  services=$("${compose[@]}" config --services)
+  { echo "services:"; for service in $services; do echo "  $service: {image: \"$image\"}"; done; } \
+    >"$work/image.yml"
+  compose+=(-f "$work/image.yml")
+  say "compose up: $* (project $project, gateway on 127.0.0.1:$gw_port)"
+  compose_up=1
+  # `up` returns once every depends_on healthcheck has passed, or fails when one does not.
+  timeout "$wait_s" "${compose[@]}" up -d --no-build >"$work/compose.log" 2>&1 || {
+    cat "$work/compose.log" >&2
+    fail "compose up (or a healthcheck) did not succeed within ${wait_s} s"
+  }
+  for service in $services; do
+    id=$("${compose[@]}" ps -q "$service")
+    health=$(docker inspect -f '{{.State.Health.Status}}' "$id")
+    [ "$health" = healthy ] || [ "$service" = gateway ] || fail "$service is $health, not healthy"
+  done
+  "$python" docker/smoke_generate.py "127.0.0.1:$gw_port" --deadline "$wait_s" \
+    --replicas "$replicas" || fail "the compose gateway did not answer a Generate"
+  # The internal services publish nothing.
+  published=$(docker ps --filter "label=com.docker.compose.project=$project" \
+    --format '{{.Ports}}' | grep -c -- '->' || true)
+  [ "$published" = 1 ] || fail "expected one published port in the stack, found $published"
+  say "compose down"
+  "${compose[@]}" down --volumes --remove-orphans --timeout 60 >/dev/null 2>&1
+  compose_up=0
 }
-for service in tokenizer detokenizer scheduler gateway; do
-  id=$("${compose[@]}" ps -q "$service")
-  health=$(docker inspect -f '{{.State.Health.Status}}' "$id")
-  [ "$health" = healthy ] || [ "$service" = gateway ] || fail "$service is $health, not healthy"
-done
-"$python" docker/smoke_generate.py "127.0.0.1:$gw_port" --deadline "$wait_s" \
-  || fail "the compose gateway did not answer a Generate"
-# The internal services publish nothing.
-published=$(docker ps --filter "label=com.docker.compose.project=$project" --format '{{.Ports}}' \
-  | grep -c -- '->' || true)
-[ "$published" = 1 ] || fail "expected one published port in the stack, found $published"
-say "compose down"
-"${compose[@]}" down --volumes --remove-orphans --timeout 60 >/dev/null 2>&1
-compose_up=0
+
+compose_stack 1 docker/docker-compose.yml
+# Two scheduler replicas, each with its own detokenizer, behind the one gateway.
+compose_stack 2 docker/docker-compose.yml docker/docker-compose.dp2.yml

@@ -3,17 +3,23 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "docker-compose.yml"
 COMPOSE_GPU = DOCKER / "docker-compose.gpu.yml"
+COMPOSE_DP2 = DOCKER / "docker-compose.dp2.yml"
+COMPOSE_DP2_GPU = DOCKER / "docker-compose.dp2.gpu.yml"
 DOCKERFILE = DOCKER / "Dockerfile"
 ENV_EXAMPLE = DOCKER / ".env.example"
 SERVICES = ("tokenizer", "detokenizer", "scheduler", "gateway")
@@ -25,6 +31,19 @@ _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
 def load(path: Path = COMPOSE) -> dict[str, Any]:
     """The compose file as YAML (anchors and `<<` merges resolved), before substitution."""
     return yaml.safe_load(path.read_text())
+
+
+def compose_config(*files: os.PathLike[str], env_file: str) -> subprocess.CompletedProcess[str]:
+    """`docker-compose -f FILE... config` with RADIXSERVE_ENV_FILE=env_file; skips without it."""
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
+    args = [exe]
+    for path in files:
+        args += ["-f", str(path)]
+    env = {**os.environ, "RADIXSERVE_ENV_FILE": env_file}
+    return subprocess.run([*args, "config"], check=False, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
 
 
 def interpolate(value: Any, env: Mapping[str, str]) -> Any:
@@ -69,6 +88,11 @@ def environment(service: Mapping[str, Any]) -> dict[str, str]:
     if isinstance(raw, list):
         return dict(item.split("=", 1) for item in raw)
     return {k: str(v) for k, v in raw.items()}
+
+
+def addresses(value: str) -> list[str]:
+    """A RADIXSERVE_*_ADDR value: one address or several, comma-separated (services/cli.py)."""
+    return [a.strip() for a in value.split(",") if a.strip()]
 
 
 def flag(command: list[str], name: str) -> str:

@@ -1,4 +1,5 @@
-"""docker/ without a Docker engine: compose validation, the service topology, and the image recipe.
+"""docker/ without a Docker engine: compose validation, the service topology (one scheduler, and
+two data-parallel replicas through docker-compose.dp2.yml), and the image recipe.
 
 The images themselves are not built here (no engine); test_deploy_processes.py runs the compose
 commands as plain processes instead.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from typing import Any
 
@@ -16,11 +16,15 @@ import pytest
 import yaml
 from compose_spec import (
     COMPOSE,
+    COMPOSE_DP2,
+    COMPOSE_DP2_GPU,
     COMPOSE_GPU,
     DOCKER,
     ENV_EXAMPLE,
     REPO,
     SERVICES,
+    addresses,
+    compose_config,
     dockerfile_stages,
     environment,
     flag,
@@ -31,6 +35,9 @@ from compose_spec import (
 
 INTERNAL = ("tokenizer", "detokenizer", "scheduler")
 SECRET = "RADIXSERVE_INTERNAL_SECRET"
+DP2 = (COMPOSE, COMPOSE_DP2)
+DP2_GPU = (COMPOSE, COMPOSE_GPU, COMPOSE_DP2, COMPOSE_DP2_GPU)
+REPLICA_1 = ("scheduler-1", "detokenizer-1")
 
 
 @pytest.fixture(scope="module")
@@ -39,34 +46,29 @@ def spec() -> dict[str, Any]:
     return interpolate(load(COMPOSE), {})
 
 
-def _compose_config(*files: os.PathLike[str], env_file: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("docker-compose")
-    if exe is None:
-        pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
-    args = [exe]
-    for path in files:
-        args += ["-f", str(path)]
-    env = {**os.environ, "RADIXSERVE_ENV_FILE": env_file}
-    return subprocess.run([*args, "config"], check=False, cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=60)
-
-
 # -- (a) docker-compose accepts the files ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("files", [(COMPOSE,), (COMPOSE, COMPOSE_GPU)], ids=["cpu", "gpu"])
-def test_compose_config_validates(files: tuple[os.PathLike[str], ...]) -> None:
-    result = _compose_config(*files, env_file=str(ENV_EXAMPLE))
+def _resolved(*files: os.PathLike[str]) -> dict[str, Any]:
+    """What `docker-compose config` makes of the files merged, with the example env file."""
+    result = compose_config(*files, env_file=str(ENV_EXAMPLE))
     assert result.returncode == 0, result.stderr
-    resolved = yaml.safe_load(result.stdout)
-    assert set(resolved["services"]) == set(SERVICES)
-    gpu = len(files) == 2
-    assert resolved["services"]["scheduler"]["image"] == ("radixserve:cuda" if gpu
-                                                          else "radixserve:cpu")
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.mark.parametrize("files", [(COMPOSE,), (COMPOSE, COMPOSE_GPU), DP2, DP2_GPU],
+                         ids=["cpu", "gpu", "dp2", "gpu-dp2"])
+def test_compose_config_validates(files: tuple[os.PathLike[str], ...]) -> None:
+    services = _resolved(*files)["services"]
+    dp2 = COMPOSE_DP2 in files
+    assert set(services) == set(SERVICES) | (set(REPLICA_1) if dp2 else set())
+    gpu = COMPOSE_GPU in files
+    for name in ("scheduler", "scheduler-1") if dp2 else ("scheduler",):
+        assert services[name]["image"] == ("radixserve:cuda" if gpu else "radixserve:cpu")
 
 
 def test_compose_refuses_to_start_without_the_env_file(tmp_path: Any) -> None:
-    result = _compose_config(COMPOSE, env_file=str(tmp_path / "missing.env"))
+    result = compose_config(COMPOSE, env_file=str(tmp_path / "missing.env"))
     assert result.returncode != 0
     assert "env file" in result.stderr.lower()
 
@@ -174,9 +176,86 @@ def test_gpu_override_reserves_one_gpu_for_the_scheduler_only() -> None:
     scheduler = override["services"]["scheduler"]
     assert scheduler["build"]["target"] == "cuda"
     assert scheduler["image"] == "radixserve:cuda"
+    # By id: Docker's `count: 1` is GPU 0 in every container that asks (docker-compose.gpu.yml).
     [device] = scheduler["deploy"]["resources"]["reservations"]["devices"]
-    assert device == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    assert device == {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}
     assert flag(scheduler["command"], "--device") == "cuda"
+
+
+# -- (c) two scheduler replicas: docker-compose.dp2.yml -------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[DP2, DP2_GPU], ids=["dp2", "gpu-dp2"])
+def dp2(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The dp2 stack as docker-compose merges it: {"gpu": bool, "services": {...}, ...}."""
+    return {**_resolved(*request.param), "gpu": COMPOSE_GPU in request.param}
+
+
+def _command_of(services: dict[str, Any], kind: str) -> list[str]:
+    return sorted(name for name, s in services.items() if s["command"][1] == kind)
+
+
+def test_dp2_pairs_each_scheduler_with_a_detokenizer_of_its_own(dp2: dict[str, Any]) -> None:
+    services = dp2["services"]
+    schedulers = _command_of(services, "scheduler")
+    assert schedulers == ["scheduler", "scheduler-1"]
+    assert _command_of(services, "detokenizer") == ["detokenizer", "detokenizer-1"]
+    gateway = environment(services["gateway"])
+    listed = addresses(gateway["RADIXSERVE_SCHEDULER_ADDR"])
+    detokenizers = addresses(gateway["RADIXSERVE_DETOKENIZER_ADDR"])
+    # One detokenizer per scheduler, paired by position (BackendAddresses), each used once.
+    assert len(listed) == len(detokenizers) == 2
+    assert len(set(detokenizers)) == 2
+    for scheduler, detokenizer in zip(listed, detokenizers):
+        host, _, port = scheduler.rpartition(":")
+        assert port == _listen_port(services[host]), scheduler
+        # The scheduler streams to the detokenizer the gateway subscribes to for it.
+        assert environment(services[host])["RADIXSERVE_DETOKENIZER_ADDR"] == detokenizer
+        detok_host, _, detok_port = detokenizer.rpartition(":")
+        assert detok_port == _listen_port(services[detok_host]), detokenizer
+        assert set(services[host]["depends_on"]) == {detok_host}
+    assert sorted(h.rpartition(":")[0] for h in listed) == schedulers
+    assert set(services["gateway"]["depends_on"]) == set(services) - {"gateway"}
+    # Still one published port, and the replicas stay on the internal network.
+    assert [name for name, s in services.items() if s.get("ports")] == ["gateway"]
+    for name in REPLICA_1:
+        assert list(services[name]["networks"]) == ["backend"], name
+        assert services[name]["volumes"] == services["scheduler"]["volumes"], name
+
+
+def test_dp2_replicas_are_copies_of_the_first(dp2: dict[str, Any]) -> None:
+    """The override repeats the base file's settings (anchors do not cross files); only the
+    pairing, and on GPUs the device, may differ."""
+    services = dp2["services"]
+
+    def without_pairing(service: dict[str, Any]) -> dict[str, Any]:
+        copy = {k: v for k, v in service.items() if k not in ("depends_on", "deploy")}
+        copy["environment"] = {k: v for k, v in environment(service).items()
+                               if k != "RADIXSERVE_DETOKENIZER_ADDR"}
+        return copy
+
+    assert services["detokenizer-1"] == services["detokenizer"]
+    assert without_pairing(services["scheduler-1"]) == without_pairing(services["scheduler"])
+
+
+def test_dp2_gives_each_scheduler_its_own_gpu_or_none(dp2: dict[str, Any]) -> None:
+    services = dp2["services"]
+    gpus = []
+    for name in _command_of(services, "scheduler"):
+        scheduler = services[name]
+        if not dp2["gpu"]:
+            assert "deploy" not in scheduler and "--device" not in scheduler["command"], name
+            continue
+        assert flag(scheduler["command"], "--device") == "cuda"
+        [device] = scheduler["deploy"]["resources"]["reservations"]["devices"]
+        assert "count" not in device, f"{name}: a count is GPUs 0..count-1 in every container"
+        assert (device["driver"], device["capabilities"]) == ("nvidia", ["gpu"])
+        [gpu] = device["device_ids"]
+        gpus.append(gpu)
+    assert sorted(gpus) == (["0", "1"] if dp2["gpu"] else [])
+    for name, service in services.items():
+        if service["command"][1] != "scheduler":
+            assert "deploy" not in service and service["image"] == "radixserve:cpu", name
 
 
 # -- the image recipe (static: the build itself needs a Docker engine) ---------------------------

@@ -1,6 +1,8 @@
 """The compose stack as plain processes: the same `radixserve <service>` commands, environment and
 health probes that docker/docker-compose.yml gives each container, with the container addresses
-moved onto free loopback ports, started in depends_on order on the demo model the image bakes in.
+moved onto free loopback ports, started in depends_on order on the demo model the image bakes in;
+once alone and once with docker-compose.dp2.yml (two scheduler replicas, as docker-compose merges
+the files).
 """
 
 from __future__ import annotations
@@ -16,21 +18,28 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import grpc
 import pytest
+import yaml
 from compose_spec import (
     COMPOSE,
+    COMPOSE_DP2,
     DOCKERFILE,
     ENV_EXAMPLE,
+    compose_config,
     environment,
     interpolate,
     load,
     read_env_file,
 )
 from radixserve.client import Client
+from radixserve.v1 import generate_pb2 as pb
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
 STARTUP_S = 45.0
 STOP_S = 20.0
 BIN = Path(sys.executable).parent
+PROMPTS = ("Hello from compose", "Tell me a story", "Why is the sky blue?", "Count to ten")
 
 
 class Proc(NamedTuple):
@@ -57,11 +66,35 @@ def _image_env() -> dict[str, str]:
 
 
 def _localize(value: str, ports: dict[str, int]) -> str:
-    """`0.0.0.0:P` (a listen address) and `<service>:P` (a compose DNS name) -> 127.0.0.1:free."""
-    host, sep, _ = value.rpartition(":")
-    if sep and (host in ports):
-        return f"127.0.0.1:{ports[host]}"
-    return value
+    """`0.0.0.0:P` (a listen address) and `<service>:P` (a compose DNS name) -> 127.0.0.1:free,
+    each address of a comma-separated list."""
+    local = []
+    for address in value.split(","):
+        host, sep, _ = address.rpartition(":")
+        local.append(f"127.0.0.1:{ports[host]}" if sep and host in ports else address)
+    return ",".join(local)
+
+
+def _services(variant: str, env_file: Path) -> dict[str, Any]:
+    """The compose services of `variant` with the env file in place."""
+    if variant == "single":
+        return interpolate(load(COMPOSE), {"RADIXSERVE_ENV_FILE": str(env_file)})["services"]
+    result = compose_config(COMPOSE, COMPOSE_DP2, env_file=str(env_file))
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["services"]
+
+
+def _replicas(gateway: str, want: int) -> list[pb.ReplicaInfo]:
+    """The gateway's replicas as GetServerInfo reports them, once `want` serve or 30 s pass."""
+    deadline = time.monotonic() + 30
+    with grpc.insecure_channel(gateway) as channel:
+        stub = pb_grpc.GenerateServiceStub(channel)
+        while True:
+            replicas = list(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).replicas)
+            serving = [r for r in replicas if r.state == pb.REPLICA_STATE_SERVING]
+            if len(serving) == want or time.monotonic() > deadline:
+                return replicas
+            time.sleep(0.2)
 
 
 def _argv(command: list[str]) -> list[str]:
@@ -96,7 +129,8 @@ def _tail(proc: Proc) -> str:
     return f"--- {proc.name} ---\n" + proc.log_path.read_text(errors="replace")[-3000:]
 
 
-def test_compose_commands_serve_a_generate_as_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", ["single", "dp2"])
+def test_compose_commands_serve_a_generate_as_processes(variant: str, tmp_path: Path) -> None:
     # Env file: the example with a fresh secret, as an operator would write docker/.env.
     env_file = tmp_path / "radixserve.env"
     example = ENV_EXAMPLE.read_text()
@@ -112,8 +146,7 @@ def test_compose_commands_serve_a_generate_as_processes(tmp_path: Path) -> None:
                            capture_output=True, timeout=60)
     assert built.returncode == 0, built.stderr.decode()[-2000:]
 
-    spec = interpolate(load(COMPOSE), {"RADIXSERVE_ENV_FILE": str(env_file)})
-    services = spec["services"]
+    services = _services(variant, env_file)
     ports = {name: _free_port() for name in services}
 
     procs: dict[str, Proc] = {}
@@ -142,11 +175,22 @@ def test_compose_commands_serve_a_generate_as_processes(tmp_path: Path) -> None:
                     assert time.monotonic() < deadline, "\n".join(_tail(procs[n]) for n in waiting)
                     time.sleep(0.2)
 
-        with Client(f"127.0.0.1:{ports['gateway']}") as client:
-            result = client.generate_text("Hello from compose", max_new_tokens=8, temperature=0.0,
-                                          ignore_eos=True, timeout=30)
-        assert result.usage.completion_tokens == 8
-        assert result.text, result
+        # Every scheduler service is a replica of the gateway, and each serves: a request routed
+        # to one reaches the client through that replica's own detokenizer.
+        gateway = f"127.0.0.1:{ports['gateway']}"
+        schedulers = [n for n, s in services.items() if s["command"][1] == "scheduler"]
+        assert len(schedulers) == (2 if variant == "dp2" else 1)
+        replicas = _replicas(gateway, len(schedulers))
+        assert [r.state for r in replicas] == [pb.REPLICA_STATE_SERVING] * len(schedulers)
+        # Prompts with nothing in common: the cache-aware router spreads them by load.
+        with Client(gateway) as client:
+            for prompt in PROMPTS:
+                result = client.generate_text(prompt, max_new_tokens=8, temperature=0.0,
+                                              ignore_eos=True, timeout=30)
+                assert result.usage.completion_tokens == 8
+                assert result.text, result
+        routed = [r.routed_requests for r in _replicas(gateway, len(schedulers))]
+        assert sum(routed) == len(PROMPTS) and min(routed) > 0, routed
 
         # Compose stops dependents first: the gateway, then the scheduler, then the rest.
         for level in reversed(_startup_levels(services)):
