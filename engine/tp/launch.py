@@ -1,5 +1,5 @@
 """Rank 0's side of a tensor-parallel engine: spawn the follower ranks, join the groups, and
-broadcast each step's plan. Followers run `radixserve.engine.distributed.worker`.
+broadcast each step's plan. Followers run `radixserve.engine.tp.worker`.
 
 Start-up: rank 0 opens a TCP store on a free localhost port (port 0, so no race for it), spawns
 ranks 1..N-1 with the store's port and their config as JSON, waits until each has reached the
@@ -24,17 +24,19 @@ from dataclasses import asdict, replace
 import torch
 import torch.distributed as dist
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.distributed.comm import SingleRankComm, TPGroupError, comm_scope
-from radixserve.engine.distributed.plan import PlanEncoder
-from radixserve.engine.distributed.torch_comm import (
+from radixserve.engine.distributed import (
     CollectiveGuard,
-    ControlChannel,
-    TorchDistComm,
-    init_process_groups,
+    CommSetup,
+    SingleRankComm,
+    TPGroupError,
+    comm_scope,
+    create_comm,
 )
 from radixserve.engine.kvcache.table import TableManager
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.scheduler.batch import Batch
+from radixserve.engine.tp.gloo_channel import GlooChannel
+from radixserve.engine.tp.plan import PlanEncoder
 
 log = logging.getLogger(__name__)
 STORE_HOST = "127.0.0.1"
@@ -99,19 +101,20 @@ class TPLeader:
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, FAILED_GRACE_S)
         try:
             self._wait_for("joined")
-            groups = init_process_groups(0, self.tp_size, self.store, self.device, self.timeout_s)
+            self.guard = CollectiveGuard(0, self.describe_workers)
+            self.comm = create_comm(config.tp_comm, CommSetup(0, self.tp_size, self.device,
+                                                              self.store, self.timeout_s,
+                                                              self.guard))
+            self.channel = GlooChannel(self.guard)
         except BaseException:
             self._finalizer()
             raise
-        guard = CollectiveGuard(0, self.describe_workers)
-        self.comm = TorchDistComm(groups.tp, 0, self.tp_size, self.device, guard)
-        self.channel = ControlChannel(groups.control, guard)
         self.encoder = PlanEncoder()
         self.closed = False
 
     def _spawn(self, config: EngineConfig, rank: int) -> subprocess.Popen:
         cfg = json.dumps(asdict(replace(config, tp_rank=rank)))
-        cmd = [sys.executable, "-m", "radixserve.engine.distributed.worker", "--rank", str(rank),
+        cmd = [sys.executable, "-m", "radixserve.engine.tp.worker", "--rank", str(rank),
                "--store", f"{STORE_HOST}:{self.store.port}", "--config", cfg]
         return subprocess.Popen(cmd, stdin=subprocess.PIPE)
 
@@ -153,7 +156,7 @@ class TPLeader:
         if self.closed:
             return
         self.closed = True
-        healthy = self.comm.guard.failure is None
+        healthy = self.guard.failure is None
         if healthy:
             try:
                 self.channel.send(self.encoder.encode_shutdown())
@@ -162,7 +165,7 @@ class TPLeader:
                 log.warning("could not send the shutdown plan: %s", e)
         self._finalizer.detach()
         _stop_workers(self.workers, EXIT_GRACE_S if healthy else FAILED_GRACE_S)
-        dist.destroy_process_group()
+        self.comm.close()
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from typing import cast
 
 import torch
 from radixserve.engine.constrained.bitmask import HostGrammarMask
-from radixserve.engine.distributed.comm import TPGroupError
+from radixserve.engine.distributed import TPGroupError
 from radixserve.engine.kvcache.table import RowWrite, TableManager
 from radixserve.engine.request import Req
 from radixserve.engine.sampling.params import SamplerOptions, SamplingParams
