@@ -52,6 +52,8 @@ class EngineConfig:
     tp_timeout_s: float = 300.0  # a TP collective slower than this means a rank died or hung
     # The communicator the layers use at tp_size > 1, by name (engine/distributed/__init__.py).
     tp_comm: str = "torch"
+    # How rank 0 sends each step's plan to the other ranks (engine/tp/channel.py).
+    tp_control: str = "auto"
     seed: int = 0
     memory_fraction: float = 0.85  # share of free GPU memory the KV pool may take
     cpu_kv_tokens: int = 65536  # KV capacity in tokens when num_pages is None on CPU

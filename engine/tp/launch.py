@@ -35,7 +35,7 @@ from radixserve.engine.distributed import (
 from radixserve.engine.kvcache.table import TableManager
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.scheduler.batch import Batch
-from radixserve.engine.tp.gloo_channel import GlooChannel
+from radixserve.engine.tp.channel import open_channel
 from radixserve.engine.tp.plan import PlanEncoder
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ class TPLeader:
             self.comm = create_comm(config.tp_comm, CommSetup(0, self.tp_size, self.device,
                                                               self.store, self.timeout_s,
                                                               self.guard))
-            self.channel = GlooChannel(self.guard)
+            self.channel = open_channel(config.tp_control, 0, self.tp_size, self.store,
+                                        self.guard)
         except BaseException:
             self._finalizer()
             raise

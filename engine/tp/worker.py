@@ -27,7 +27,7 @@ from radixserve.engine.distributed import (
 )
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.models.config import ModelArgs, read_eos_ids
-from radixserve.engine.tp.gloo_channel import GlooChannel
+from radixserve.engine.tp.channel import open_channel
 from radixserve.engine.tp.launch import rank_device
 from radixserve.engine.tp.plan import PlanDecoder
 
@@ -50,7 +50,7 @@ def run(config: EngineConfig, store_host: str, store_port: int) -> None:
     guard = CollectiveGuard(rank, lambda: "rank 0 stopped answering (it may have exited)")
     comm = create_comm(config.tp_comm, CommSetup(rank, tp, device, store, config.tp_timeout_s,
                                                  guard))
-    channel = GlooChannel(guard)
+    channel = open_channel(config.tp_control, rank, tp, store, guard)
     set_comm(comm)
     dtype = resolve_dtype(config.dtype, args.dtype, device)
     runner = ModelRunner(config, args, device, dtype, read_eos_ids(folder))
