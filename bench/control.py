@@ -157,7 +157,7 @@ def leader(kind: str, steps: int, warmup: int, gap_s: float) -> list[dict[str, A
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="radixserve bench control", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--channel", action="append", choices=["gloo"],
+    ap.add_argument("--channel", action="append", choices=["gloo", "shm"],
                     help="control channel to measure (repeatable; default: each)")
     ap.add_argument("--steps", type=int, default=300, help="timed steps per case")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps first, per case")
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--follower", type=int, help=argparse.SUPPRESS)  # the spawned rank 1
     args = ap.parse_args(argv)
-    kinds = args.channel or ["gloo"]
+    kinds = args.channel or ["gloo", "shm"]
     if args.follower is not None:
         follower(args.follower, kinds[0])
         return 0

@@ -6,12 +6,11 @@ Chosen by name (`EngineConfig.tp_control`); every rank opens it together, after 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, Literal
+from typing import Callable
 
 import torch.distributed as dist
 from radixserve.engine.distributed import CollectiveGuard
 
-ControlKind = Literal["auto", "gloo"]
 HEARTBEAT_S = 0.5  # how often a follower's heartbeat thread calls `beat`
 
 
@@ -50,12 +49,19 @@ def _gloo() -> ChannelFactory:
     return GlooChannel
 
 
-_CHANNELS: dict[str, Callable[[], ChannelFactory]] = {"gloo": _gloo}
+def _shm() -> ChannelFactory:
+    from radixserve.engine.tp.shm_ring import ShmRingChannel
+
+    return ShmRingChannel
+
+
+_CHANNELS: dict[str, Callable[[], ChannelFactory]] = {"shm": _shm, "gloo": _gloo}
 
 
 def resolve_control(kind: str) -> str:
-    """'auto': the gloo channel (ranks on one host share the machine; more arrive later)."""
-    return "gloo" if kind == "auto" else kind
+    """'auto': the shared-memory ring, since every rank runs on rank 0's host (launch.py spawns
+    them there); the gloo channel is what ranks on several hosts would need."""
+    return "shm" if kind == "auto" else kind
 
 
 def open_channel(kind: str, rank: int, world_size: int, store: dist.Store,

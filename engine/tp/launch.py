@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
@@ -72,7 +72,10 @@ def rank_device(device: torch.device, rank: int, tp_size: int) -> torch.device:
     return torch.device("cuda", rank)
 
 
-def _stop_workers(workers: list[subprocess.Popen], grace_s: float) -> None:
+def _stop_workers(workers: list[subprocess.Popen], grace_s: float,
+                  closers: list[Callable[[], None]] | None = None) -> None:
+    """Close the workers' pipes, wait up to `grace_s` for them, kill the rest; then run `closers`
+    (rank 0's channel and communicator, released once no worker uses them)."""
     for p in workers:
         if p.stdin is not None and not p.stdin.closed:
             p.stdin.close()  # the worker's watchdog sees EOF and exits
@@ -83,6 +86,8 @@ def _stop_workers(workers: list[subprocess.Popen], grace_s: float) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+    for close in closers or []:
+        close()
 
 
 class TPLeader:
@@ -98,15 +103,20 @@ class TPLeader:
         self.store = dist.TCPStore(STORE_HOST, 0, self.tp_size, is_master=True, timeout=timeout,
                                    wait_for_workers=False)
         self.workers = [self._spawn(config, r) for r in range(1, self.tp_size)]
-        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, FAILED_GRACE_S)
+        # What a core that is never closed releases when collected or at exit (filled as built).
+        self._closers: list[Callable[[], None]] = []
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, FAILED_GRACE_S,
+                                           self._closers)
         try:
             self._wait_for("joined")
             self.guard = CollectiveGuard(0, self.describe_workers)
             self.comm = create_comm(config.tp_comm, CommSetup(0, self.tp_size, self.device,
                                                               self.store, self.timeout_s,
                                                               self.guard))
+            self._closers.append(self.comm.close)
             self.channel = open_channel(config.tp_control, 0, self.tp_size, self.store,
                                         self.guard)
+            self._closers.insert(0, self.channel.close)
         except BaseException:
             self._finalizer()
             raise
@@ -165,8 +175,7 @@ class TPLeader:
                 healthy = False
                 log.warning("could not send the shutdown plan: %s", e)
         self._finalizer.detach()
-        _stop_workers(self.workers, EXIT_GRACE_S if healthy else FAILED_GRACE_S)
-        self.comm.close()
+        _stop_workers(self.workers, EXIT_GRACE_S if healthy else FAILED_GRACE_S, self._closers)
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -27,14 +28,24 @@ from radixserve.engine.distributed import (
 )
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.models.config import ModelArgs, read_eos_ids
-from radixserve.engine.tp.channel import open_channel
+from radixserve.engine.tp.channel import HEARTBEAT_S, ControlChannel, open_channel
 from radixserve.engine.tp.launch import rank_device
 from radixserve.engine.tp.plan import PlanDecoder
 
 
 def _exit_with_rank0() -> None:
-    sys.stdin.buffer.read()  # returns at EOF: rank 0 closed the pipe or exited
+    # The raw descriptor, not sys.stdin: a thread blocked inside the buffered reader holds its
+    # lock, and the interpreter aborts when it cannot take that lock at exit.
+    while os.read(sys.stdin.fileno(), 4096):  # b"" at EOF: rank 0 closed the pipe or exited
+        pass
     os._exit(0)
+
+
+def _beat(channel: ControlChannel) -> None:
+    """Rank 0's watchdog takes a rank whose count stops growing for stopped or frozen."""
+    while True:
+        channel.beat()
+        time.sleep(HEARTBEAT_S)
 
 
 def run(config: EngineConfig, store_host: str, store_port: int) -> None:
@@ -51,6 +62,7 @@ def run(config: EngineConfig, store_host: str, store_port: int) -> None:
     comm = create_comm(config.tp_comm, CommSetup(rank, tp, device, store, config.tp_timeout_s,
                                                  guard))
     channel = open_channel(config.tp_control, rank, tp, store, guard)
+    threading.Thread(target=_beat, args=(channel,), daemon=True, name="heartbeat").start()
     set_comm(comm)
     dtype = resolve_dtype(config.dtype, args.dtype, device)
     runner = ModelRunner(config, args, device, dtype, read_eos_ids(folder))
@@ -58,7 +70,7 @@ def run(config: EngineConfig, store_host: str, store_port: int) -> None:
     decoder = PlanDecoder(runner.table)
     while (batch := decoder.decode(channel.recv())) is not None:
         runner.forward(batch)
-    comm.close()
+    comm.close()  # the heartbeat thread dies with the process, so the channel stays open
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,7 +29,10 @@ from radixserve.engine.layers.linear import MergedColumnParallelLinear, QKVParal
 from radixserve.engine.models import loader
 
 BASE = {"device": "cpu", "dtype": "float32", "page_size": 4, "tp_timeout_s": 60.0}
-CONFIGS = {"batched": {}, "chunked": {"max_prefill_tokens": 16}}
+CONFIGS = {"batched": {}, "chunked": {"max_prefill_tokens": 16},
+           # the plans over gloo broadcasts instead of the shared-memory ring (what several hosts
+           # would need)
+           "chunked-gloo": {"max_prefill_tokens": 16, "tp_control": "gloo"}}
 GREEDY = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
 
 
@@ -76,7 +79,8 @@ def single_rank(ckpt):
 
 # Each run is batched (six prompts share steps) and prefix-cached (its second batch reuses pages);
 # the chunked one also splits prompts over steps. TP=4 runs chunked only, to keep the file quick.
-@pytest.mark.parametrize("tp, config", [(2, "batched"), (2, "chunked"), (4, "chunked")])
+@pytest.mark.parametrize("tp, config", [(2, "batched"), (2, "chunked"), (4, "chunked"),
+                                        (2, "chunked-gloo")])
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
 def test_tp_matches_single_rank(kind, tp, config, ckpt, single_rank):
     ref = single_rank(kind, config)
