@@ -176,6 +176,8 @@ class EngineCore:
 
     def _process(self, batch: Batch, out: ForwardOutput) -> list[StepOutput]:
         out.wait()
+        if self.tp is not None:
+            self.tp.check()  # a peer that died mid-step leaves results that must not be used
         results: list[StepOutput] = []
         reqs, finished = batch.reqs, ReqStatus.FINISHED
         logprobs = None

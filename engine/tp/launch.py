@@ -37,6 +37,7 @@ from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.tp.channel import open_channel
 from radixserve.engine.tp.plan import PlanEncoder
+from radixserve.engine.tp.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 STORE_HOST = "127.0.0.1"
@@ -120,6 +121,8 @@ class TPLeader:
         except BaseException:
             self._finalizer()
             raise
+        self.watchdog = Watchdog(self.workers, self.channel, self.guard, self.comm)
+        self.watchdog.start()
         self.encoder = PlanEncoder()
         self.closed = False
 
@@ -149,7 +152,11 @@ class TPLeader:
         self._wait_for("ready")
 
     def describe_workers(self) -> str:
-        """Which workers have exited, waiting briefly for a dying one to be reaped."""
+        """What the watchdog found, else which workers have exited, waiting briefly for a dying
+        one to be reaped."""
+        watchdog = getattr(self, "watchdog", None)  # None while the group is being joined
+        if watchdog is not None and watchdog.diagnosis is not None:
+            return watchdog.diagnosis
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and all(p.poll() is None for p in self.workers):
             time.sleep(0.05)
@@ -157,6 +164,11 @@ class TPLeader:
                 for r, p in enumerate(self.workers, 1) if p.poll() is not None]
         return "; ".join(dead) or ("no worker exited, one may be stuck (timeout "
                                    f"{self.timeout_s:.0f} s)")
+
+    def check(self) -> None:
+        """Raise the group's failure, if any (e.g. after waiting for a step's results: under NCCL
+        the watchdog's abort is what ended that wait)."""
+        self.guard.check()
 
     def send_plan(self, batch: Batch, table: TableManager) -> None:
         """Broadcast the step about to run; call between scheduling and `ModelRunner.forward`."""
@@ -167,6 +179,7 @@ class TPLeader:
         if self.closed:
             return
         self.closed = True
+        self.watchdog.stop()
         healthy = self.guard.failure is None
         if healthy:
             try:
