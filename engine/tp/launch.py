@@ -91,6 +91,27 @@ def _stop_workers(workers: list[subprocess.Popen], grace_s: float,
         close()
 
 
+_current: weakref.ref[TPLeader] | None = None  # this process's TP engine, the one it may hold
+
+
+def _claim_process(leader: TPLeader) -> None:
+    """torch.distributed has one default group per process, so one TP engine at a time: refuse a
+    second while the first is open, before any worker is spawned."""
+    global _current
+    other = _current() if _current is not None else None
+    if other is not None and not other.closed:
+        raise RuntimeError(
+            f"a tensor-parallel engine (tp_size={other.tp_size}) is already running in this "
+            "process, and there can be one at a time: close it first (LLM.close() or "
+            "EngineCore.close(), or build it in a `with LLM(...)` block), or run the second "
+            "engine in a process of its own")
+    if dist.is_initialized():
+        raise RuntimeError("torch.distributed is already initialised in this process (not by a "
+                           "radixserve engine); a tensor-parallel engine needs the process's "
+                           "default group: run it in a process of its own")
+    _current = weakref.ref(leader)
+
+
 class TPLeader:
     """Rank 0 of a TP group: owns the worker processes, the communicator and the plan channel."""
 
@@ -103,12 +124,15 @@ class TPLeader:
         timeout = datetime.timedelta(seconds=self.timeout_s)
         self.store = dist.TCPStore(STORE_HOST, 0, self.tp_size, is_master=True, timeout=timeout,
                                    wait_for_workers=False)
-        self.workers = [self._spawn(config, r) for r in range(1, self.tp_size)]
+        self.closed = False
+        _claim_process(self)
         # What a core that is never closed releases when collected or at exit (filled as built).
+        self.workers: list[subprocess.Popen] = []
         self._closers: list[Callable[[], None]] = []
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, FAILED_GRACE_S,
                                            self._closers)
         try:
+            self.workers += [self._spawn(config, r) for r in range(1, self.tp_size)]
             self._wait_for("joined")
             self.guard = CollectiveGuard(0, self.describe_workers)
             self.comm = create_comm(config.tp_comm, CommSetup(0, self.tp_size, self.device,
@@ -119,12 +143,12 @@ class TPLeader:
                                         self.guard)
             self._closers.insert(0, self.channel.close)
         except BaseException:
+            self.closed = True  # a traceback may keep this object alive; it holds nothing now
             self._finalizer()
             raise
         self.watchdog = Watchdog(self.workers, self.channel, self.guard, self.comm)
         self.watchdog.start()
         self.encoder = PlanEncoder()
-        self.closed = False
 
     def _spawn(self, config: EngineConfig, rank: int) -> subprocess.Popen:
         cfg = json.dumps(asdict(replace(config, tp_rank=rank)))

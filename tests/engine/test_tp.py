@@ -101,6 +101,25 @@ def test_tp_under_kv_pressure_matches_single_rank(ckpt):
     assert results[0] == results[1]
 
 
+def test_one_tp_engine_at_a_time_per_process(ckpt):
+    """A second engine while the first is open is refused with what to do, and leaves the first
+    unharmed; after `with` or close() the next one builds and gives the same tokens."""
+    path, batch = str(ckpt("llama")), prompts()[:3]
+    with LLM(path, tp_size=2, **BASE) as first:
+        register_engine(first.core)
+        ref = [o.token_ids for o in first.generate(batch, GREEDY)]
+        with pytest.raises(RuntimeError, match=r"already running in this process.*close it first"):
+            LLM(path, tp_size=2, **BASE)
+        assert [o.token_ids for o in first.generate(batch, GREEDY)] == ref
+    for _ in range(2):  # after the with block, then after close()
+        again = LLM(path, tp_size=2, **BASE)
+        register_engine(again.core)
+        try:
+            assert [o.token_ids for o in again.generate(batch, GREEDY)] == ref
+        finally:
+            again.close()
+
+
 # -- sharded loading ----------------------------------------------------------------------------
 class FakeComm(Communicator):
     """Rank `rank` of `world_size`, for building and loading a shard without a group."""
