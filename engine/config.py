@@ -45,7 +45,7 @@ class EngineConfig:
     # arrivals are admitted together: one step that carries prefill for several arrivals costs less
     # than one each where such steps run eagerly (docs/benchmarks.md, "Serving plane"). None: 0
     # where piecewise CUDA graphs run them, EAGER_PREFILL_ADMISSION_WAIT_MS where they run eagerly
-    # (CPU, tensor parallelism, piecewise graphs off); 0 admits at once
+    # (CPU, piecewise graphs off); 0 admits at once
     # (scheduler/scheduler.py, `_admission_due`).
     admission_wait_ms: float | None = None
     tp_size: int = 1

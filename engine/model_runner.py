@@ -129,19 +129,23 @@ class ModelRunner:
             self.stream.wait_stream(torch.cuda.current_stream(device))
         self.graphs: CudaGraphRunner | None = None
         self.graph_bytes = 0
+        comm = get_comm()
+        # Under TP, NCCL's own threads query events of earlier collectives while this thread
+        # captures; "global" mode would count those calls against the capture and invalidate it.
+        mode = "thread_local" if comm.world_size > 1 else "global"
         if graph_sizes and self.stream is not None:
             self.graphs = CudaGraphRunner(self.model, self.backend, self.kv_pool, self.table,
-                                          graph_sizes, self.num_pages, self.stream)
-            self.graph_bytes = self.graphs.capture(progress=get_comm().rank == 0)
+                                          graph_sizes, self.num_pages, self.stream, mode)
+            self.graph_bytes = self.graphs.capture(progress=comm.rank == 0)
         self.pieces: PiecewiseGraphRunner | None = None
         if piece_buckets:
             self.pieces = PiecewiseGraphRunner(self.model, self.backend, self.kv_pool,
-                                               piece_buckets, self.num_pages, self.stream)
-            self.graph_bytes += self.pieces.capture(progress=get_comm().rank == 0)
+                                               piece_buckets, self.num_pages, self.stream, mode)
+            self.graph_bytes += self.pieces.capture(progress=comm.rank == 0)
 
     def _graph_sizes(self) -> list[int]:
         c = self.config
-        if self.device.type != "cuda" or not c.cuda_graph or c.tp_size > 1:
+        if self.device.type != "cuda" or not c.cuda_graph or not self._comm_capturable():
             return []
         if not self.backend.supports_cuda_graph(c.page_size):
             log.warning("attention backend %s cannot run in CUDA graphs at page size %d; decoding "
@@ -155,13 +159,22 @@ class ModelRunner:
         graphs on. An explicit limit also runs the pieces on CPU, uncaptured (tests)."""
         c = self.config
         limit = c.piecewise_graph_max_tokens
-        if limit == 0 or c.tp_size > 1:
+        if limit == 0 or (self.device.type == "cuda" and not self._comm_capturable()):
             return []
         if limit is None:
             if self.device.type != "cuda" or not c.cuda_graph:
                 return []
             limit = c.max_prefill_tokens + c.max_running_requests
         return token_buckets(limit)
+
+    def _comm_capturable(self) -> bool:
+        """Whether the layers' collectives may be captured (NCCL may; gloo runs on the host)."""
+        comm = get_comm()
+        if comm.supports_cuda_graph:
+            return True
+        log.warning("communicator %s cannot run inside CUDA graphs; every step runs eagerly",
+                    type(comm).__name__)
+        return False
 
     def _auto_num_pages(self, num_kv_heads: int, graph_sizes: list[int],
                         piece_buckets: list[int]) -> int:
