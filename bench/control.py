@@ -8,11 +8,11 @@ positions, so one in 16 maps a new page), and a prefill step of 4 new 1024-token
 
 Each step's four readings are CLOCK_MONOTONIC (perf_counter_ns on Linux, one clock for all the
 host's processes): rank 0 before building, after building, after `send` returns; the follower
-after `recv` returns and after decoding. Between steps rank 0 waits --gap-ms, a forward's time,
-so the follower waits for each plan as a follower of a running engine does (five times that after
-a prefill step, which also gives the follower time to apply its writes). The table gives
-medians and p99 in microseconds: build, send (rank 0's call), deliver (built to received), decode,
-and total (rank 0 starts building to the follower holding its batch).
+after `recv` returns and after decoding. Rank 0 sends the next plan --gap-ms after the follower
+has applied the last one (as in an engine, where the forward's collectives keep the ranks in
+step), so the follower is waiting for each plan, spinning (gap < 0.5 ms) or napping. The table
+gives medians and p99 in microseconds: build, send (rank 0's call), deliver (built to received),
+decode, and total (rank 0 starts building to the follower holding its batch).
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ def follower(port: int, kind: str) -> None:
             break
         times.append((t_recv, t_done))
         table.flush()  # the forward's first act, not timed
+        store.add("done", 1)  # rank 0 paces itself on this, after the timed part
     store.set("result", json.dumps(times))
     channel.close()
     dist.destroy_process_group()
@@ -131,7 +132,9 @@ def leader(kind: str, steps: int, warmup: int, gap_s: float) -> list[dict[str, A
                 t2 = time.perf_counter_ns()
                 sent.append((case, len(data), t0, t1, t2))
                 table.flush()
-                time.sleep(gap_s * (5 if case.startswith("prefill") else 1))
+                while int(store.add("done", 0)) < len(sent):
+                    time.sleep(1e-4)
+                time.sleep(gap_s)
         channel.send(encoder.encode_shutdown())
         got = json.loads(store.get("result"))
         channel.close()
@@ -161,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="control channel to measure (repeatable; default: each)")
     ap.add_argument("--steps", type=int, default=300, help="timed steps per case")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps first, per case")
-    ap.add_argument("--gap-ms", type=float, default=2.0, help="rank 0's pause after a decode step")
+    ap.add_argument("--gap-ms", type=float, default=2.0,
+                    help="rank 0's pause after the follower finished a step")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--follower", type=int, help=argparse.SUPPRESS)  # the spawned rank 1
     args = ap.parse_args(argv)
