@@ -89,6 +89,7 @@ def _steps(case: str, table: TableManager) -> Iterator[Batch]:
 
 
 def follower(port: int, kind: str) -> None:
+    torch.set_num_threads(1)  # as rank 0: two ranks share the host
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
     guard = CollectiveGuard(1, lambda: "rank 0 stopped answering")
     dist.init_process_group("gloo", store=store, rank=1, world_size=2)
