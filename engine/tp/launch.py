@@ -1,11 +1,14 @@
-"""Rank 0's side of a tensor-parallel engine: spawn the follower ranks, join the groups, and
-broadcast each step's plan. Followers run `radixserve.engine.tp.worker`.
+"""Rank 0's side of a tensor-parallel engine: spawn the follower ranks, build the communicator
+and the control channel with them, send each step's plan, and watch them. Followers run
+`radixserve.engine.tp.worker`.
 
 Start-up: rank 0 opens a TCP store on a free localhost port (port 0, so no race for it), spawns
 ranks 1..N-1 with the store's port and their config as JSON, waits until each has reached the
-store (noticing one that died first), then all ranks join the process groups and build their
-engine shards; a barrier at the end proves every rank is ready. Each worker's stdin is a pipe from
-rank 0: when rank 0 exits, however it exits, the pipe closes and the worker leaves.
+store (noticing one that died first), then all ranks build the communicator and open the control
+channel, and build their engine shards; each worker then marks itself ready in the store. Each
+worker's stdin is a pipe from rank 0: when rank 0 exits, however it exits, the pipe closes and the
+worker leaves. From the channel on, a watchdog (watchdog.py) turns a follower that exits or stops
+into a TPGroupError naming it.
 """
 
 from __future__ import annotations
@@ -195,7 +198,7 @@ class TPLeader:
         self.guard.check()
 
     def send_plan(self, batch: Batch, table: TableManager) -> None:
-        """Broadcast the step about to run; call between scheduling and `ModelRunner.forward`."""
+        """Send the step about to run; call between scheduling and `ModelRunner.forward`."""
         self.channel.send(self.encoder.encode(batch, table))
 
     def close(self) -> None:
