@@ -82,6 +82,16 @@ def step_columns(batch: Batch, slots: list[int], rows: list[int],
                        sample_slots_d, sample_pos_d)
 
 
+def _comm_capturable() -> bool:
+    """Whether the layers' collectives may be captured (NCCL may; gloo runs on the host)."""
+    comm = get_comm()
+    if comm.supports_cuda_graph:
+        return True
+    log.warning("communicator %s cannot run inside CUDA graphs; every step runs eagerly",
+                type(comm).__name__)
+    return False
+
+
 @dataclass
 class ForwardOutput:
     """Sampled results of one step, on the host once `ready` has completed."""
@@ -145,7 +155,7 @@ class ModelRunner:
 
     def _graph_sizes(self) -> list[int]:
         c = self.config
-        if self.device.type != "cuda" or not c.cuda_graph or not self._comm_capturable():
+        if self.device.type != "cuda" or not c.cuda_graph or not _comm_capturable():
             return []
         if not self.backend.supports_cuda_graph(c.page_size):
             log.warning("attention backend %s cannot run in CUDA graphs at page size %d; decoding "
@@ -159,22 +169,13 @@ class ModelRunner:
         graphs on. An explicit limit also runs the pieces on CPU, uncaptured (tests)."""
         c = self.config
         limit = c.piecewise_graph_max_tokens
-        if limit == 0 or (self.device.type == "cuda" and not self._comm_capturable()):
+        if limit == 0 or (self.device.type == "cuda" and not _comm_capturable()):
             return []
         if limit is None:
             if self.device.type != "cuda" or not c.cuda_graph:
                 return []
             limit = c.max_prefill_tokens + c.max_running_requests
         return token_buckets(limit)
-
-    def _comm_capturable(self) -> bool:
-        """Whether the layers' collectives may be captured (NCCL may; gloo runs on the host)."""
-        comm = get_comm()
-        if comm.supports_cuda_graph:
-            return True
-        log.warning("communicator %s cannot run inside CUDA graphs; every step runs eagerly",
-                    type(comm).__name__)
-        return False
 
     def _auto_num_pages(self, num_kv_heads: int, graph_sizes: list[int],
                         piece_buckets: list[int]) -> int:
