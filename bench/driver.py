@@ -71,6 +71,8 @@ def build_core(model_dir: str | Path, **config: Any) -> EngineCore:
 
 def release(core: EngineCore | None) -> None:
     """Drop an engine and give its device memory back before the next one is built."""
+    if core is not None:  # a TP engine's workers and group go now, not whenever gc finds them
+        core.close()
     del core
     gc.collect()
     if torch.cuda.is_available():

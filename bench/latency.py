@@ -16,7 +16,15 @@ from typing import Any
 
 import torch
 from radixserve.bench.common import device_name, print_table, write_json
-from radixserve.bench.driver import build_core, drive, greedy_params, median, release
+from radixserve.bench.driver import (
+    add_engine_argument,
+    apply_engine_argument,
+    build_core,
+    drive,
+    greedy_params,
+    median,
+    release,
+)
 from radixserve.bench.models import write_model_dir
 
 WARMUP_TOKENS = 8
@@ -76,7 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--also-eager", action="store_true", help="also time without CUDA graphs")
     ap.add_argument("--hf", action="store_true", help="also time transformers generate")
     ap.add_argument("--json")
+    add_engine_argument(ap)  # e.g. --engine tp_size=2
     args = ap.parse_args(argv)
+    apply_engine_argument(ap, args)
     path = write_model_dir(args.model, args.root)
     common = dict(attention_backend=args.attention_backend, num_pages=4096, max_prefill_tokens=2048)
     rows = [engine_latency(path, args.batch, args.prompt_len, args.new_tokens,

@@ -16,6 +16,7 @@ CacheKind = Literal["radix", "naive"]
 SchedulePolicy = Literal["fcfs", "lpm"]
 AdmissionPolicy = Literal["reserve", "optimistic"]
 LoadFormat = Literal["auto", "dummy"]
+ControlKind = Literal["auto", "shm", "gloo"]
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 EAGER_PREFILL_ADMISSION_WAIT_MS = 50.0
 
@@ -44,12 +45,17 @@ class EngineConfig:
     # arrivals are admitted together: one step that carries prefill for several arrivals costs less
     # than one each where such steps run eagerly (docs/benchmarks.md, "Serving plane"). None: 0
     # where piecewise CUDA graphs run them, EAGER_PREFILL_ADMISSION_WAIT_MS where they run eagerly
-    # (CPU, tensor parallelism, piecewise graphs off); 0 admits at once
+    # (CPU, piecewise graphs off); 0 admits at once
     # (scheduler/scheduler.py, `_admission_due`).
     admission_wait_ms: float | None = None
     tp_size: int = 1
     tp_rank: int = 0
     tp_timeout_s: float = 300.0  # a TP collective slower than this means a rank died or hung
+    # The communicator the layers use at tp_size > 1, by name (engine/distributed/__init__.py).
+    tp_comm: str = "torch"
+    # How rank 0 sends each step's plan to the other ranks (engine/tp/channel.py): "shm", a
+    # shared-memory ring ("auto": every rank runs on this host), or "gloo" broadcasts.
+    tp_control: ControlKind = "auto"
     seed: int = 0
     memory_fraction: float = 0.85  # share of free GPU memory the KV pool may take
     cpu_kv_tokens: int = 65536  # KV capacity in tokens when num_pages is None on CPU
@@ -92,6 +98,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank {self.tp_rank} out of range for tp_size {self.tp_size}")
+        if self.tp_control not in ("auto", "shm", "gloo"):
+            raise ValueError(f"tp_control must be 'auto', 'shm' or 'gloo', got {self.tp_control!r}")
         if not self.tp_timeout_s > 0:
             raise ValueError(f"tp_timeout_s must be > 0, got {self.tp_timeout_s}")
         if self.admission_wait_ms is not None and not self.admission_wait_ms >= 0:

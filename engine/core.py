@@ -7,7 +7,6 @@ been given a (wasted) slot in step N+1; its result is simply dropped.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -15,20 +14,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-import torch
 from radixserve.engine.config import EAGER_PREFILL_ADMISSION_WAIT_MS, EngineConfig
 from radixserve.engine.constrained.bitmask import fill_grammar_mask
 from radixserve.engine.constrained.compiler import Grammar, GrammarCompiler
 from radixserve.engine.constrained.matcher import GrammarMatcher
-from radixserve.engine.distributed.launch import TPLeader, building
+from radixserve.engine.device import resolve_device, resolve_dtype
 from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.model_runner import ForwardOutput, ModelRunner
-from radixserve.engine.models.config import ModelArgs
+from radixserve.engine.models.config import ModelArgs, read_eos_ids
 from radixserve.engine.request import Req, ReqStatus
 from radixserve.engine.sampling.params import FinishReason, InvalidRequestError, SamplingParams
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.scheduler import Scheduler
+from radixserve.engine.tp.launch import TPLeader, building
 
 log = logging.getLogger(__name__)
 
@@ -56,30 +55,6 @@ class ModelInfo:
     max_context: int
     eos_token_ids: tuple[int, ...]
     dtype: str
-
-
-def read_eos_ids(folder: Path) -> tuple[int, ...]:
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        f = folder / name
-        if f.exists():
-            value = json.loads(f.read_text()).get("eos_token_id")
-            ids.update([value] if isinstance(value, int) else value or [])
-    return tuple(sorted(ids))
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        if device.type == "cpu":
-            return torch.float32
-        return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
-    return getattr(torch, name)
 
 
 class EngineCore:
@@ -201,6 +176,8 @@ class EngineCore:
 
     def _process(self, batch: Batch, out: ForwardOutput) -> list[StepOutput]:
         out.wait()
+        if self.tp is not None:
+            self.tp.check()  # a peer that died mid-step leaves results that must not be used
         results: list[StepOutput] = []
         reqs, finished = batch.reqs, ReqStatus.FINISHED
         logprobs = None

@@ -34,13 +34,13 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 
 class CudaGraphRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, kv_pool: KVCachePool,
-                 table: TableManager,
-                 batch_sizes: list[int], dummy_page: int, stream: torch.cuda.Stream) -> None:
+                 table: TableManager, batch_sizes: list[int], dummy_page: int,
+                 stream: torch.cuda.Stream, capture_error_mode: str = "global") -> None:
         assert batch_sizes, "no batch sizes to capture"
         self.model, self.backend, self.kv_pool, self.table = model, backend, kv_pool, table
         self.sizes = sorted(batch_sizes)
         self.max_batch = self.sizes[-1]
-        self.stream = stream
+        self.stream, self.capture_error_mode = stream, capture_error_mode
         self.dummy_loc = dummy_page * kv_pool.page_size
         dev = table.page_table.device
         G = self.max_batch
@@ -68,7 +68,8 @@ class CudaGraphRunner:
                     self._body(bs, meta)
             self.stream.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=self.stream):
+            with torch.cuda.graph(graph, pool=pool, stream=self.stream,
+                                  capture_error_mode=self.capture_error_mode):
                 self.logits[bs] = self._body(bs, meta)
             self.graphs[bs] = graph
         torch.cuda.synchronize(dev)

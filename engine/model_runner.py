@@ -82,6 +82,16 @@ def step_columns(batch: Batch, slots: list[int], rows: list[int],
                        sample_slots_d, sample_pos_d)
 
 
+def _comm_capturable() -> bool:
+    """Whether the layers' collectives may be captured (NCCL may; gloo runs on the host)."""
+    comm = get_comm()
+    if comm.supports_cuda_graph:
+        return True
+    log.warning("communicator %s cannot run inside CUDA graphs; every step runs eagerly",
+                type(comm).__name__)
+    return False
+
+
 @dataclass
 class ForwardOutput:
     """Sampled results of one step, on the host once `ready` has completed."""
@@ -129,19 +139,23 @@ class ModelRunner:
             self.stream.wait_stream(torch.cuda.current_stream(device))
         self.graphs: CudaGraphRunner | None = None
         self.graph_bytes = 0
+        comm = get_comm()
+        # Under TP, NCCL's own threads query events of earlier collectives while this thread
+        # captures; "global" mode would count those calls against the capture and invalidate it.
+        mode = "thread_local" if comm.world_size > 1 else "global"
         if graph_sizes and self.stream is not None:
             self.graphs = CudaGraphRunner(self.model, self.backend, self.kv_pool, self.table,
-                                          graph_sizes, self.num_pages, self.stream)
-            self.graph_bytes = self.graphs.capture(progress=get_comm().rank == 0)
+                                          graph_sizes, self.num_pages, self.stream, mode)
+            self.graph_bytes = self.graphs.capture(progress=comm.rank == 0)
         self.pieces: PiecewiseGraphRunner | None = None
         if piece_buckets:
             self.pieces = PiecewiseGraphRunner(self.model, self.backend, self.kv_pool,
-                                               piece_buckets, self.num_pages, self.stream)
-            self.graph_bytes += self.pieces.capture(progress=get_comm().rank == 0)
+                                               piece_buckets, self.num_pages, self.stream, mode)
+            self.graph_bytes += self.pieces.capture(progress=comm.rank == 0)
 
     def _graph_sizes(self) -> list[int]:
         c = self.config
-        if self.device.type != "cuda" or not c.cuda_graph or c.tp_size > 1:
+        if self.device.type != "cuda" or not c.cuda_graph or not _comm_capturable():
             return []
         if not self.backend.supports_cuda_graph(c.page_size):
             log.warning("attention backend %s cannot run in CUDA graphs at page size %d; decoding "
@@ -155,7 +169,7 @@ class ModelRunner:
         graphs on. An explicit limit also runs the pieces on CPU, uncaptured (tests)."""
         c = self.config
         limit = c.piecewise_graph_max_tokens
-        if limit == 0 or c.tp_size > 1:
+        if limit == 0 or (self.device.type == "cuda" and not _comm_capturable()):
             return []
         if limit is None:
             if self.device.type != "cuda" or not c.cuda_graph:

@@ -49,9 +49,11 @@ class _Eager:
 
 class PiecewiseGraphRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, kv_pool: KVCachePool,
-                 buckets: list[int], dummy_page: int, stream: torch.cuda.Stream | None) -> None:
+                 buckets: list[int], dummy_page: int, stream: torch.cuda.Stream | None,
+                 capture_error_mode: str = "global") -> None:
         assert buckets, "no token buckets to capture"
         self.model, self.backend, self.kv_pool, self.stream = model.model, backend, kv_pool, stream
+        self.capture_error_mode = capture_error_mode
         self.args = model.args
         self.buckets = sorted(buckets)
         self.max_tokens = self.buckets[-1]
@@ -96,7 +98,8 @@ class PiecewiseGraphRunner:
             graphs: list[torch.cuda.CUDAGraph | _Eager] = []
             for k in range(self.model.num_pieces):
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=self.stream):
+                with torch.cuda.graph(graph, pool=pool, stream=self.stream,
+                                      capture_error_mode=self.capture_error_mode):
                     self._piece(k, T)
                 graphs.append(graph)
             self.graphs[T] = graphs

@@ -46,6 +46,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--cache", "cache", str),
     ("--attention-backend", "attention_backend", str),
     ("--tp-size", "tp_size", int),
+    ("--tp-control", "tp_control", str),
     ("--seed", "seed", int),
     ("--schedule-policy", "schedule_policy", str),
     ("--admission", "admission", str),

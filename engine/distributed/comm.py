@@ -1,4 +1,4 @@
-"""A pluggable communicator for the two collectives the layers use.
+"""The communicator the layers call for their two collectives, and the one they see while built.
 
 Layers capture the communicator when they are built (`get_comm()` inside `__init__`), so the global
 only has to be right while a model is constructed; `comm_scope` sets it for that span.
@@ -18,7 +18,8 @@ class TPGroupError(RuntimeError):
 
 
 class Communicator(ABC):
-    """The TP group as seen by the layers. Implementations: single rank, torch.distributed.
+    """The TP group as seen by the layers. Implementations: single rank, and the ones registered by
+    name in `radixserve.engine.distributed` (`create_comm`).
 
     Every rank must end a collective with bitwise-identical results: followers sample from their
     own logits and must pick the same tokens as rank 0, or their token pools drift apart.
@@ -26,6 +27,9 @@ class Communicator(ABC):
 
     rank: int
     world_size: int
+    # Whether `all_reduce` / `all_gather` may run inside a CUDA graph capture: no host sync, no
+    # host-side state that differs between capture and replay.
+    supports_cuda_graph: bool = False
 
     @abstractmethod
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,10 +43,18 @@ class Communicator(ABC):
         """The smallest `value` over ranks: set-up agreement (e.g. KV pages that fit everywhere)."""
         return value
 
+    def abort(self) -> None:
+        """Make collectives in flight on this rank fail instead of waiting for a peer that is gone.
+        Called from another thread (a watchdog) while the owner may be blocked in one."""
+
+    def close(self) -> None:
+        """Leave the group; the communicator is unusable after."""
+
 
 class SingleRankComm(Communicator):
     rank = 0
     world_size = 1
+    supports_cuda_graph = True  # nothing to communicate
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -31,7 +31,10 @@ class TableManager:
         self.page_table_cpu = torch.zeros(max_slots, self.width, dtype=torch.int64)  # host mirror
         self.token_pool = torch.zeros(max_slots, self.width, dtype=torch.int64, device=device)
         self._free_slots = list(range(max_slots - 1, -1, -1))
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        # (target tensor, rows, cols, values), and (slot, start) when the write is one run of a
+        # row: pending_writes then need not look for the runs
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                  tuple[int, int] | None]] = []
 
     @property
     def num_free_slots(self) -> int:
@@ -71,34 +74,54 @@ class TableManager:
         cols = (torch.tensor(page_indices, dtype=torch.int64)[:, None] * P + offsets).flatten()
         locs = (torch.tensor(pages, dtype=torch.int64)[:, None] * P + offsets).flatten()
         self.page_table_cpu[rows, cols] = locs
-        self._pending.append((self.page_table, rows, cols, locs))
+        self._pending.append((self.page_table, rows, cols, locs, None))
 
     def pending_writes(self) -> list[RowWrite]:
         """Writes queued since the last flush, in order: what tensor-parallel followers replay.
         A write that spans several rows (map_pages) becomes one RowWrite per run of consecutive
         positions in one row."""
         out: list[RowWrite] = []
-        for t, r, c, v in self._pending:
+        for t, r, c, v, run in self._pending:
+            if not len(v):
+                continue
             target: Literal["page_table", "token_pool"] = (
                 "page_table" if t is self.page_table else "token_pool")
+            if run is not None:
+                out.append(RowWrite(target, *run, v))
+                continue
             cuts = ((r[1:] != r[:-1]) | (c[1:] != c[:-1] + 1)).nonzero().flatten() + 1
-            for rows, cols, values in zip(r.tensor_split(cuts), c.tensor_split(cuts),
-                                          v.tensor_split(cuts)):
-                if len(values):
-                    out.append(RowWrite(target, int(rows[0]), int(cols[0]), values))
+            starts = torch.cat([cuts.new_zeros(1), cuts])  # first cell of each run
+            # one conversion per tensor, not per run: a decode step maps a page for many slots
+            for slot, start, values in zip(r[starts].tolist(), c[starts].tolist(),
+                                           v.tensor_split(cuts)):
+                out.append(RowWrite(target, slot, start, values))
         return out
 
     def replay(self, writes: Iterable[RowWrite]) -> None:
-        """Queue another table's `pending_writes` here (host mirror included)."""
+        """Queue another table's `pending_writes` here (host mirror included): one entry per
+        table, however many rows the writes touch.
+
+            writes:  (slot 2, start 4, 3 values) (slot 0, start 12, 2 values)
+            rows:    2  2  2  0  0             flat cell axis of 5
+            cols:    4  5  6  12 13            = (start - first flat index) + flat index
+        """
+        by_target: dict[str, list[RowWrite]] = {}
         for w in writes:
-            if w.target == "page_table":
-                self.set_locations(w.slot, w.start, w.values)
-            else:
-                self._queue(self.token_pool, w.slot, w.start, w.values)
+            by_target.setdefault(w.target, []).append(w)
+        for target, ws in by_target.items():
+            values = torch.cat([w.values for w in ws])
+            lens = torch.tensor([len(w.values) for w in ws])
+            rows = torch.tensor([w.slot for w in ws]).repeat_interleave(lens)
+            first = torch.tensor([w.start for w in ws]) - (lens.cumsum(0) - lens)
+            cols = first.repeat_interleave(lens) + torch.arange(len(values))
+            if target == "page_table":
+                self.page_table_cpu[rows, cols] = values
+            self._pending.append((self.page_table if target == "page_table" else self.token_pool,
+                                  rows, cols, values, None))
 
     def _queue(self, target: torch.Tensor, slot: int, start: int, values: torch.Tensor) -> None:
         cols = torch.arange(start, start + len(values))
-        self._pending.append((target, torch.full_like(cols, slot), cols, values))
+        self._pending.append((target, torch.full_like(cols, slot), cols, values, (slot, start)))
 
     def flush(self) -> None:
         """Apply queued row writes to the device tensors: one copy, one index_put per tensor."""

@@ -54,3 +54,14 @@ class ModelArgs:
             attention_bias=cfg.get("attention_bias", cfg.get("model_type") == "qwen2"),
             dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
         )
+
+
+def read_eos_ids(folder: Path) -> tuple[int, ...]:
+    """Every EOS id the checkpoint names, in config.json or generation_config.json."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        f = folder / name
+        if f.exists():
+            value = json.loads(f.read_text()).get("eos_token_id")
+            ids.update([value] if isinstance(value, int) else value or [])
+    return tuple(sorted(ids))

@@ -1,4 +1,4 @@
-"""A follower rank of a tensor-parallel engine: `python -m radixserve.engine.distributed.worker`.
+"""A follower rank of a tensor-parallel engine: `python -m radixserve.engine.tp.worker`.
 
 Spawned by rank 0 (`launch.TPLeader`). It builds its model-runner shard, then replays rank 0's step
 plans until a shutdown plan arrives, the group fails, or its stdin (a pipe from rank 0) closes.
@@ -12,28 +12,40 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.core import read_eos_ids, resolve_device, resolve_dtype
-from radixserve.engine.distributed.comm import TPGroupError, set_comm
-from radixserve.engine.distributed.launch import rank_device
-from radixserve.engine.distributed.plan import PlanDecoder
-from radixserve.engine.distributed.torch_comm import (
+from radixserve.engine.device import resolve_device, resolve_dtype
+from radixserve.engine.distributed import (
     CollectiveGuard,
-    ControlChannel,
-    TorchDistComm,
-    init_process_groups,
+    CommSetup,
+    TPGroupError,
+    create_comm,
+    set_comm,
 )
 from radixserve.engine.model_runner import ModelRunner
-from radixserve.engine.models.config import ModelArgs
+from radixserve.engine.models.config import ModelArgs, read_eos_ids
+from radixserve.engine.tp.channel import HEARTBEAT_S, ControlChannel, open_channel
+from radixserve.engine.tp.launch import rank_device
+from radixserve.engine.tp.plan import PlanDecoder
 
 
 def _exit_with_rank0() -> None:
-    sys.stdin.buffer.read()  # returns at EOF: rank 0 closed the pipe or exited
+    # The raw descriptor, not sys.stdin: a thread blocked inside the buffered reader holds its
+    # lock, and the interpreter aborts when it cannot take that lock at exit.
+    while os.read(sys.stdin.fileno(), 4096):  # b"" at EOF: rank 0 closed the pipe or exited
+        pass
     os._exit(0)
+
+
+def _beat(channel: ControlChannel) -> None:
+    """Rank 0's watchdog takes a rank whose count stops growing for stopped or frozen."""
+    while True:
+        channel.beat()
+        time.sleep(HEARTBEAT_S)
 
 
 def run(config: EngineConfig, store_host: str, store_port: int) -> None:
@@ -46,17 +58,19 @@ def run(config: EngineConfig, store_host: str, store_port: int) -> None:
     timeout = datetime.timedelta(seconds=config.tp_timeout_s)
     store = dist.TCPStore(store_host, store_port, tp, is_master=False, timeout=timeout)
     store.set(f"joined/{rank}", "1")
-    groups = init_process_groups(rank, tp, store, device, config.tp_timeout_s)
     guard = CollectiveGuard(rank, lambda: "rank 0 stopped answering (it may have exited)")
-    comm = TorchDistComm(groups.tp, rank, tp, device, guard)
+    comm = create_comm(config.tp_comm, CommSetup(rank, tp, device, store, config.tp_timeout_s,
+                                                 guard))
+    channel = open_channel(config.tp_control, rank, tp, store, guard)
+    threading.Thread(target=_beat, args=(channel,), daemon=True, name="heartbeat").start()
     set_comm(comm)
     dtype = resolve_dtype(config.dtype, args.dtype, device)
     runner = ModelRunner(config, args, device, dtype, read_eos_ids(folder))
     store.set(f"ready/{rank}", "1")  # what rank 0's constructor waits for
-    channel, decoder = ControlChannel(groups.control, guard), PlanDecoder(runner.table)
+    decoder = PlanDecoder(runner.table)
     while (batch := decoder.decode(channel.recv())) is not None:
         runner.forward(batch)
-    dist.destroy_process_group()
+    comm.close()  # the heartbeat thread dies with the process, so the channel stays open
 
 
 def main(argv: list[str] | None = None) -> None:

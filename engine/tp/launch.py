@@ -1,11 +1,14 @@
-"""Rank 0's side of a tensor-parallel engine: spawn the follower ranks, join the groups, and
-broadcast each step's plan. Followers run `radixserve.engine.distributed.worker`.
+"""Rank 0's side of a tensor-parallel engine: spawn the follower ranks, build the communicator
+and the control channel with them, send each step's plan, and watch them. Followers run
+`radixserve.engine.tp.worker`.
 
 Start-up: rank 0 opens a TCP store on a free localhost port (port 0, so no race for it), spawns
 ranks 1..N-1 with the store's port and their config as JSON, waits until each has reached the
-store (noticing one that died first), then all ranks join the process groups and build their
-engine shards; a barrier at the end proves every rank is ready. Each worker's stdin is a pipe from
-rank 0: when rank 0 exits, however it exits, the pipe closes and the worker leaves.
+store (noticing one that died first), then all ranks build the communicator and open the control
+channel, and build their engine shards; each worker then marks itself ready in the store. Each
+worker's stdin is a pipe from rank 0: when rank 0 exits, however it exits, the pipe closes and the
+worker leaves. From the channel on, a watchdog (watchdog.py) turns a follower that exits or stops
+into a TPGroupError naming it.
 """
 
 from __future__ import annotations
@@ -17,24 +20,27 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
 import torch
 import torch.distributed as dist
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.distributed.comm import SingleRankComm, TPGroupError, comm_scope
-from radixserve.engine.distributed.plan import PlanEncoder
-from radixserve.engine.distributed.torch_comm import (
+from radixserve.engine.distributed import (
     CollectiveGuard,
-    ControlChannel,
-    TorchDistComm,
-    init_process_groups,
+    CommSetup,
+    SingleRankComm,
+    TPGroupError,
+    comm_scope,
+    create_comm,
 )
 from radixserve.engine.kvcache.table import TableManager
 from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.scheduler.batch import Batch
+from radixserve.engine.tp.channel import open_channel
+from radixserve.engine.tp.plan import PlanEncoder
+from radixserve.engine.tp.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 STORE_HOST = "127.0.0.1"
@@ -70,7 +76,10 @@ def rank_device(device: torch.device, rank: int, tp_size: int) -> torch.device:
     return torch.device("cuda", rank)
 
 
-def _stop_workers(workers: list[subprocess.Popen], grace_s: float) -> None:
+def _stop_workers(workers: list[subprocess.Popen], grace_s: float,
+                  closers: list[Callable[[], None]] | None = None) -> None:
+    """Close the workers' pipes, wait up to `grace_s` for them, kill the rest; then run `closers`
+    (rank 0's channel and communicator, released once no worker uses them)."""
     for p in workers:
         if p.stdin is not None and not p.stdin.closed:
             p.stdin.close()  # the worker's watchdog sees EOF and exits
@@ -81,6 +90,29 @@ def _stop_workers(workers: list[subprocess.Popen], grace_s: float) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+    for close in closers or []:
+        close()
+
+
+_current: weakref.ref[TPLeader] | None = None  # this process's TP engine, the one it may hold
+
+
+def _claim_process(leader: TPLeader) -> None:
+    """torch.distributed has one default group per process, so one TP engine at a time: refuse a
+    second while the first is open, before any worker is spawned."""
+    global _current
+    other = _current() if _current is not None else None
+    if other is not None and not other.closed:
+        raise RuntimeError(
+            f"a tensor-parallel engine (tp_size={other.tp_size}) is already running in this "
+            "process, and there can be one at a time: close it first (LLM.close() or "
+            "EngineCore.close(), or build it in a `with LLM(...)` block), or run the second "
+            "engine in a process of its own")
+    if dist.is_initialized():
+        raise RuntimeError("torch.distributed is already initialised in this process (not by a "
+                           "radixserve engine); a tensor-parallel engine needs the process's "
+                           "default group: run it in a process of its own")
+    _current = weakref.ref(leader)
 
 
 class TPLeader:
@@ -95,23 +127,35 @@ class TPLeader:
         timeout = datetime.timedelta(seconds=self.timeout_s)
         self.store = dist.TCPStore(STORE_HOST, 0, self.tp_size, is_master=True, timeout=timeout,
                                    wait_for_workers=False)
-        self.workers = [self._spawn(config, r) for r in range(1, self.tp_size)]
-        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, FAILED_GRACE_S)
+        self.closed = False
+        _claim_process(self)
+        # What a core that is never closed releases when collected or at exit (filled as built).
+        self.workers: list[subprocess.Popen] = []
+        self._closers: list[Callable[[], None]] = []
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, FAILED_GRACE_S,
+                                           self._closers)
         try:
+            self.workers += [self._spawn(config, r) for r in range(1, self.tp_size)]
             self._wait_for("joined")
-            groups = init_process_groups(0, self.tp_size, self.store, self.device, self.timeout_s)
+            self.guard = CollectiveGuard(0, self.describe_workers)
+            self.comm = create_comm(config.tp_comm, CommSetup(0, self.tp_size, self.device,
+                                                              self.store, self.timeout_s,
+                                                              self.guard))
+            self._closers.append(self.comm.close)
+            self.channel = open_channel(config.tp_control, 0, self.tp_size, self.store,
+                                        self.guard)
+            self._closers.insert(0, self.channel.close)
         except BaseException:
+            self.closed = True  # a traceback may keep this object alive; it holds nothing now
             self._finalizer()
             raise
-        guard = CollectiveGuard(0, self.describe_workers)
-        self.comm = TorchDistComm(groups.tp, 0, self.tp_size, self.device, guard)
-        self.channel = ControlChannel(groups.control, guard)
+        self.watchdog = Watchdog(self.workers, self.channel, self.guard, self.comm)
+        self.watchdog.start()
         self.encoder = PlanEncoder()
-        self.closed = False
 
     def _spawn(self, config: EngineConfig, rank: int) -> subprocess.Popen:
         cfg = json.dumps(asdict(replace(config, tp_rank=rank)))
-        cmd = [sys.executable, "-m", "radixserve.engine.distributed.worker", "--rank", str(rank),
+        cmd = [sys.executable, "-m", "radixserve.engine.tp.worker", "--rank", str(rank),
                "--store", f"{STORE_HOST}:{self.store.port}", "--config", cfg]
         return subprocess.Popen(cmd, stdin=subprocess.PIPE)
 
@@ -135,7 +179,11 @@ class TPLeader:
         self._wait_for("ready")
 
     def describe_workers(self) -> str:
-        """Which workers have exited, waiting briefly for a dying one to be reaped."""
+        """What the watchdog found, else which workers have exited, waiting briefly for a dying
+        one to be reaped."""
+        watchdog = getattr(self, "watchdog", None)  # None while the group is being joined
+        if watchdog is not None and watchdog.diagnosis is not None:
+            return watchdog.diagnosis
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and all(p.poll() is None for p in self.workers):
             time.sleep(0.05)
@@ -144,8 +192,13 @@ class TPLeader:
         return "; ".join(dead) or ("no worker exited, one may be stuck (timeout "
                                    f"{self.timeout_s:.0f} s)")
 
+    def check(self) -> None:
+        """Raise the group's failure, if any (e.g. after waiting for a step's results: under NCCL
+        the watchdog's abort is what ended that wait)."""
+        self.guard.check()
+
     def send_plan(self, batch: Batch, table: TableManager) -> None:
-        """Broadcast the step about to run; call between scheduling and `ModelRunner.forward`."""
+        """Send the step about to run; call between scheduling and `ModelRunner.forward`."""
         self.channel.send(self.encoder.encode(batch, table))
 
     def close(self) -> None:
@@ -153,7 +206,8 @@ class TPLeader:
         if self.closed:
             return
         self.closed = True
-        healthy = self.comm.guard.failure is None
+        self.watchdog.stop()
+        healthy = self.guard.failure is None
         if healthy:
             try:
                 self.channel.send(self.encoder.encode_shutdown())
@@ -161,8 +215,7 @@ class TPLeader:
                 healthy = False
                 log.warning("could not send the shutdown plan: %s", e)
         self._finalizer.detach()
-        _stop_workers(self.workers, EXIT_GRACE_S if healthy else FAILED_GRACE_S)
-        dist.destroy_process_group()
+        _stop_workers(self.workers, EXIT_GRACE_S if healthy else FAILED_GRACE_S, self._closers)
 
 
 @contextmanager
