@@ -10,7 +10,8 @@
 # CUDA + PyTorch image lacks: pydantic, pydantic-core, annotated-types, typing-inspection
 # (apache-tvm-ffi is there already, for FlashInfer).
 #   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
-#                                        pieces-8b, long-curve, constrained, serving, serving-8b, fa
+#                                        pieces-8b, long-curve, constrained, serving, serving-8b, fa,
+#                                        dp-shared
 #   fa: the fa and fa,flashinfer GPU tests, prefill attention of each backend (bench kernels
 #   --parts attention_prefill), and the offline workload (qwen3-0.6b) on flashinfer, fa and
 #   fa,flashinfer at pages of 256. A prefill profile on one backend, for instance:
@@ -73,6 +74,41 @@ serving() {  # serving NAME
     -- --device cuda --max-running-requests 256 ${SERVING_FLAGS:-}
 }
 
+# Data-parallel replicas sharing GPU 0 (serve --dp-size gives each replica GPUs of its own, so the
+# services start one by one here): the shared-prefix workload through one gateway for each
+# DP_SPECS entry POLICY:REPLICAS[:BALANCE_ABS] (docs/benchmarks.md, "Data-parallel replicas").
+dp_shared() {
+  save_model qwen3-0.6b
+  local M=/tmp/models/qwen3-0.6b CLI="python3 -m radixserve.services.cli" spec
+  for spec in ${DP_SPECS:-cache_aware:2 round_robin:2 cache_aware:1}; do
+    local r n abs D pids=() backends=""
+    IFS=: read -r r n abs <<< "$spec"; D=$(mktemp -d)
+    $CLI tokenizer --model $M --address unix:$D/tok.sock --log-level WARNING & pids+=($!)
+    for i in $(seq 0 $((n - 1))); do
+      $CLI detokenizer --model $M --address unix:$D/det$i.sock --log-level WARNING & pids+=($!)
+      $CLI scheduler --model $M --address unix:$D/s$i.sock --detokenizer-addr unix:$D/det$i.sock \
+        --device cuda --max-running-requests 256 --num-pages 20000 --log-level WARNING & pids+=($!)
+      backends="$backends --scheduler-addr unix:$D/s$i.sock --detokenizer-addr unix:$D/det$i.sock"
+    done
+    $CLI gateway --address 127.0.0.1:50999 --tokenizer-addr unix:$D/tok.sock $backends \
+      --routing "$r" --routing-balance-abs "${abs:-32}" --log-level WARNING & pids+=($!)
+    python3 -c "
+import sys, time, grpc
+from radixserve.v1 import generate_pb2 as pb, generate_pb2_grpc as pb_grpc
+stub, n, t0 = pb_grpc.GenerateServiceStub(grpc.insecure_channel('127.0.0.1:50999')), $n, time.time()
+while time.time() - t0 < 300:  # until every replica serves (each loads, captures, warms up)
+    try:
+        r = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=2).replicas
+        if sum(x.state == pb.REPLICA_STATE_SERVING for x in r) == n: sys.exit(0)
+    except grpc.RpcError: pass
+    time.sleep(1)
+sys.exit('replicas not serving after 300 s')" || echo "dp-shared $spec: not ready" | tee -a "$LOG"
+    stage "dp-shared $spec" 300 python3 -m radixserve.bench.serving --target 127.0.0.1:50999 \
+      --workload shared-prefix --concurrency 128 --json "$OUT/dp-shared-${spec//:/-}.json"
+    kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; rm -rf "$D"
+  done
+}
+
 # Piecewise graphs on (the default) against off, side by side: prefill-step host time, the offline
 # workload, and the long-prompt mix; `pieces` for Qwen3-0.6B, `pieces-8b` for Qwen3-8B, `long-curve`
 # for chunk sizes 256..4096 (short-request ITL against long-prompt TTFT).
@@ -102,6 +138,7 @@ for s in "$@"; do
 print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                  stage constrained 400 "${SUITE[@]}" --model qwen3-0.6b --parts constrained ;;
     serving) serving qwen3-0.6b ;;
+    dp-shared) dp_shared ;;
     serving-8b) serving qwen3-8b ;;
     kernels) stage kernels 300 python3 -m radixserve.bench.kernels --out "$OUT/results.jsonl" ;;
     small) stage small 300 "${SUITE[@]}" --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
