@@ -61,10 +61,13 @@ def stack(args: argparse.Namespace,
 
 
 def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `radixserve serve` on a free port and wait until its gateway is SERVING."""
+    """Start `radixserve serve` on a free port and wait until its gateway is SERVING with every
+    scheduler replica (it serves as soon as one is: a level must not start on part of them)."""
     import socket
 
     from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from radixserve.v1 import generate_pb2 as pb
+    from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -82,7 +85,10 @@ def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return proc, target
+                    info = pb_grpc.GenerateServiceStub(channel).GetServerInfo(
+                        pb.GetServerInfoRequest(), timeout=5)
+                    if all(r.state == pb.REPLICA_STATE_SERVING for r in info.replicas):
+                        return proc, target
             except grpc.RpcError:
                 pass  # not listening yet
             time.sleep(0.2)

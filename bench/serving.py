@@ -24,14 +24,13 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import grpc
+from radixserve.bench.load import LoadPool, Shape, one_request, open_channels
 from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
 from radixserve.bench.server_info import (
     POLL_INTERVAL_S,
@@ -76,6 +75,7 @@ class BenchConfig:
     # Client connections, requests spread over them in turn: a server with several gateways on
     # one port (serve --gateways) gives each connection to one of them.
     channels: int = 1
+    processes: int = 1  # client processes (bench/load.py): one loop tops out at some 20k tok/s
 
     def __post_init__(self) -> None:
         if not self.concurrencies or min(self.concurrencies) < 1:
@@ -88,20 +88,8 @@ class BenchConfig:
             raise ValueError("rate fractions must be > 0")
         if not self.poll_interval_s > 0:
             raise ValueError("poll-interval must be > 0")
-        if self.channels < 1:
-            raise ValueError("channels must be >= 1")
-
-
-@dataclass
-class RequestRecord:
-    ok: bool
-    output_tokens: int = 0
-    ttft_s: float = 0.0
-    e2e_s: float = 0.0
-    itl_s: list[float] = field(default_factory=list)
-    error: str = ""
-    prompt_tokens: int = 0  # summed over the Finished events (one per completion)
-    cached_tokens: int = 0
+        if self.channels < 1 or self.processes < 1:
+            raise ValueError("channels and processes must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -133,58 +121,12 @@ def _workload(cfg: BenchConfig, vocab: int, level: int = 0) -> Work:
                        cfg.seed)
 
 
-async def _one(stub: pb_grpc.GenerateServiceStub, prompt: list[int], max_new: int,
-               temperature: float, n: int = 1) -> RequestRecord:
-    req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=prompt))
-    req.stopping.max_new_tokens = max_new
-    req.stopping.ignore_eos = True
-    req.sampling.temperature = temperature
-    if n > 1:
-        req.sampling.n = n
-    record = RequestRecord(ok=False)
-    start = time.perf_counter()
-    last: dict[int, float] = {}  # per completion: when its previous token came
-    try:
-        async for response in stub.Generate(req):
-            if response.HasField("finished"):
-                record.prompt_tokens += response.finished.usage.prompt_tokens
-                record.cached_tokens += response.finished.usage.cached_tokens
-            if not response.HasField("delta") or not response.delta.token_ids:
-                continue
-            now = time.perf_counter()
-            if record.output_tokens == 0:
-                record.ttft_s = now - start
-            if response.index in last:
-                record.itl_s.append(now - last[response.index])
-            last[response.index] = now
-            record.output_tokens += len(response.delta.token_ids)
-    except grpc.aio.AioRpcError as exc:
-        record.error = f"{exc.code().name}: {exc.details()}"
-        return record
-    record.e2e_s = time.perf_counter() - start
-    record.ok = True
-    return record
-
-
-async def _level(stubs: list[pb_grpc.GenerateServiceStub], cfg: BenchConfig, concurrency: int,
-                 work: Work, rate: float) -> LevelResult:
-    gate = asyncio.Semaphore(concurrency)
-    rng = random.Random(cfg.seed + concurrency)
-
-    async def limited(stub: pb_grpc.GenerateServiceStub, prompt: list[int],
-                      max_new: int) -> RequestRecord:
-        async with gate:
-            return await _one(stub, prompt, max_new, cfg.temperature, cfg.n)
-
-    tasks = []
-    async with ServerWatch(stubs[0], cfg.poll_interval_s) as watch:
+async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig,
+                 concurrency: int, work: Work, rate: float) -> LevelResult:
+    shape = Shape(concurrency, rate, cfg.temperature, cfg.n, cfg.seed + concurrency, cfg.channels)
+    async with ServerWatch(stub, cfg.poll_interval_s) as watch:
         began = time.perf_counter()
-        for i, (prompt, max_new) in enumerate(work):
-            stub = stubs[i % len(stubs)]
-            tasks.append(asyncio.create_task(limited(stub, prompt, max_new)))
-            if rate != float("inf"):
-                await asyncio.sleep(rng.expovariate(rate))
-        records = await asyncio.gather(*tasks)
+        records = await pool.send(work, shape)
         duration = time.perf_counter() - began
     done = [r for r in records if r.ok]
     for r in records:
@@ -210,19 +152,19 @@ async def _level(stubs: list[pb_grpc.GenerateServiceStub], cfg: BenchConfig, con
 
 
 async def run(cfg: BenchConfig) -> list[LevelResult]:
-    # A local subchannel pool each: channels to one target would otherwise share a connection.
-    channels = [grpc.aio.insecure_channel(cfg.target,
-                                          options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range(cfg.channels)]
+    channels = open_channels(cfg.target, cfg.channels)
+    stubs = [pb_grpc.GenerateServiceStub(c) for c in channels]
+    pool = LoadPool(cfg.target, stubs, cfg.processes)
     try:
-        return await _run(cfg, [pb_grpc.GenerateServiceStub(c) for c in channels])
+        return await _run(cfg, pool, stubs[0])
     finally:
+        pool.close()
         for channel in channels:
             await channel.close()
 
 
-async def _run(cfg: BenchConfig, stubs: list[pb_grpc.GenerateServiceStub]) -> list[LevelResult]:
-    stub = stubs[0]
+async def _run(cfg: BenchConfig, pool: LoadPool, stub: pb_grpc.GenerateServiceStub
+               ) -> list[LevelResult]:
     vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
     server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
     # Warm the path end to end with prompts no level sends: one per replica, sent together so
@@ -230,15 +172,15 @@ async def _run(cfg: BenchConfig, stubs: list[pb_grpc.GenerateServiceStub]) -> li
     sp = cfg.shared_prefix
     length = sp.prefix_len + sp.suffix_len if sp is not None else cfg.input_len
     warm = warm_up_prompts(max(1, len(server.replicas)), length, vocab, cfg.seed)
-    await asyncio.gather(*(_one(stub, prompt, 2, cfg.temperature) for prompt in warm))
+    await asyncio.gather(*(one_request(stub, prompt, 2, cfg.temperature) for prompt in warm))
     results = []
     for level, c in enumerate(cfg.concurrencies):
         work = _workload(cfg, vocab, level)
-        results.append(await _level(stubs, cfg, c, work, cfg.request_rate))
+        results.append(await _level(pool, stub, cfg, c, work, cfg.request_rate))
     peak = max(r.request_s for r in results)
     for level, fraction in enumerate(cfg.rate_fractions, start=len(results)):
         work = _workload(cfg, vocab, level)
-        results.append(await _level(stubs, cfg, max(cfg.concurrencies), work,
+        results.append(await _level(pool, stub, cfg, max(cfg.concurrencies), work,
                                     fraction * peak))
     return results
 
@@ -382,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--channels", type=int, default=1,
                    help="client connections, requests spread over them in turn (a server with "
                         "--gateways K serves each connection on one of its gateways)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="client processes, each sending every P-th request with 1/P of the "
+                        "concurrency and the rate (one process reads some 20k tokens/s at most)")
     p.add_argument("--poll-interval", type=float, default=POLL_INTERVAL_S,
                    help="seconds between GetServerInfo polls during a level")
     p.add_argument("--compare-routing", nargs="?", const=",".join(ROUTING_POLICIES),
@@ -415,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             tuple(float(f) for f in args.rate_fractions.split(",") if f),
             args.slo_ttft_ms, args.slo_tpot_ms,
             SharedPrefix(args.groups, args.per_group, args.prefix_len, args.suffix_len)
-            if shared else None, args.poll_interval, args.channels)
+            if shared else None, args.poll_interval, args.channels, args.processes)
     except ValueError as exc:
         p.error(str(exc))
     if args.offline_only:  # the child of offline_in_child

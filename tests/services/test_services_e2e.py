@@ -231,11 +231,11 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert online.request_rate == 0.5 * burst.request_s and online.completed == 6
     assert burst.goodput_s == online.goodput_s == 0.0
     assert results[0].goodput_s == results[0].request_s
-    # n = 2: every completion's tokens are counted (6 requests x 2 completions x 4 tokens); over
-    # three client connections.
+    # n = 2: every completion's tokens are counted (6 requests x 2 completions x 4 tokens); sent
+    # by two client processes over two connections each.
     cfg = bench_serving.BenchConfig(stack.target, (3,), num_prompts=6, input_len=16, output_len=4,
                                     range_ratio=0.0, request_rate=50.0, temperature=1.0, seed=0,
-                                    n=2, channels=3)
+                                    n=2, channels=4, processes=2)
     (two,) = asyncio.run(bench_serving.run(cfg))
     assert two.completed == 6 and round(two.output_tok_s * two.duration_s) == 48
     assert two.itl_ms["p50"] > 0
