@@ -29,6 +29,7 @@ BENCHMARKS = {
     "control": "tensor-parallel control plane per step: plan build, send, receive (CPU)",
     "suite": "the GPU figures of one model in one process",
     "grammar": "structured-output compile times of pathological constraints",
+    "tokenizer": "a real-size tokenizer for the benchmark models, from a tiktoken BPE file",
     "routing": "cost of the gateway's replica pick (cache-aware prefix trees) per request",
     "serving": "TTFT, TPOT, ITL, E2E and throughput through the gateway",
     "overload": "refusals and admitted streams at 3x the saturating arrival rate",

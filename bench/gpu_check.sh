@@ -9,6 +9,9 @@
 # Structured output (stage constrained) needs the xgrammar wheel and those of its needs a stock
 # CUDA + PyTorch image lacks: pydantic, pydantic-core, annotated-types, typing-inspection
 # (apache-tvm-ffi is there already, for FlashInfer).
+# .tok/qwen3-tokenizer.tgz, where present, holds a real-size tokenizer (the folder qwen3tok/, made by
+# `radixserve bench tokenizer`): the models that `serving`, `dp-shared` and `constrained` use then
+# carry it instead of the demo tokenizer, so detokenizing and grammar masks see a real vocabulary.
 #   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
 #                                        pieces-8b, long-curve, constrained, serving, serving-8b, fa,
 #                                        dp-shared
@@ -51,16 +54,21 @@ stage() {  # stage NAME SECONDS CMD...: one stage's failure or timeout never sto
   echo "=== $name done in $((SECONDS - t0))s, rc ${PIPESTATUS[0]}" | tee -a "$LOG"
 }
 SUITE=(python3 -m radixserve.bench.suite --out "$OUT/results.jsonl")
+TOK=()
+if [ -f .tok/qwen3-tokenizer.tgz ]; then
+  tar xzf .tok/qwen3-tokenizer.tgz -C /tmp && TOK=(--tokenizer /tmp/qwen3tok)
+  echo "real-size tokenizer: /tmp/qwen3tok" | tee -a "$LOG"
+fi
 
-save_model() {  # save_model NAME: config.json, the demo tokenizer and random bf16 weights, on disk
+save_model() {  # save_model NAME: config.json, the tokenizer (TOK's or the demo one), random bf16 weights
   [ -d "/tmp/models/$1" ] || python3 -c "
 import sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from radixserve.bench.models import write_model_dir
-d = write_model_dir(sys.argv[1], '/tmp/models')
+d = write_model_dir(sys.argv[1], '/tmp/models', (sys.argv[3:] or [None])[0])
 with torch.device('cuda'):
     m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(d), dtype=torch.bfloat16)
-m.save_pretrained(d)" "$1" 2>&1 | tail -n 2 | tee -a "$LOG"
+m.save_pretrained(d)" "$1" "${TOK[@]}" 2>&1 | tail -n 2 | tee -a "$LOG"
 }
 # The served plane through all four services against the offline engine (docs/benchmarks.md,
 # "Serving plane"); SERVING_LEVELS and SERVING_RATES override the concurrencies and rate fractions,
@@ -136,7 +144,7 @@ for s in "$@"; do
                   --chunk 256,512,1024,2048,4096 --json "$OUT/long-curve.json" ;;
     constrained) stage xgrammar 60 python3 -c "import importlib.metadata as m, xgrammar
 print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
-                 stage constrained 400 "${SUITE[@]}" --model qwen3-0.6b --parts constrained ;;
+                 stage constrained 400 "${SUITE[@]}" --model qwen3-0.6b --parts constrained "${TOK[@]}" ;;
     serving) serving qwen3-0.6b ;;
     dp-shared) dp_shared ;;
     serving-8b) serving qwen3-8b ;;

@@ -2,7 +2,8 @@
 
 The values are the published config.json fields of each model; only the weights are missing.
 `write_model_dir` adds the demo tokenizer so `LLM` can open the folder; benchmarks feed token ids,
-so the tokenizer only renders text (ids it does not know decode to nothing).
+so the tokenizer only renders text (ids it does not know decode to nothing). Where the vocabulary's
+size matters (detokenizing, constrained decoding), pass a real-size one (bench/tokenizer.py).
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def write_model_dir(name: str, root: str | Path) -> Path:
-    """config.json (+ generation_config.json, tokenizer) for `name` under root/name."""
+def write_model_dir(name: str, root: str | Path, tokenizer: str | Path | None = None) -> Path:
+    """config.json (+ generation_config.json, tokenizer) for `name` under root/name; the tokenizer
+    is the demo one, or a copy of the folder `tokenizer`."""
+    from radixserve.bench.tokenizer import copy_tokenizer
     from radixserve.engine.demo import save_tokenizer
 
     if name not in CONFIGS:
@@ -73,7 +76,10 @@ def write_model_dir(name: str, root: str | Path) -> Path:
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    save_tokenizer(path)
+    if tokenizer is None:
+        save_tokenizer(path)
+    else:
+        copy_tokenizer(tokenizer, path)
     return path
 
 

@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="qwen3-0.6b")
     ap.add_argument("--root", default="/tmp/radixserve-bench-models")
     ap.add_argument("--parts", default="latency,offline,no_overlap")
+    ap.add_argument("--tokenizer", default=None,
+                    help="a tokenizer folder to give the model instead of the demo tokenizer "
+                         "(`radixserve bench tokenizer` builds a real-size one)")
     ap.add_argument("--max-running", type=int, default=256)
     ap.add_argument("--max-prefill", type=int, default=8192)
     ap.add_argument("--prefix-groups", type=int, default=64)
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     add_engine_argument(ap)
     a = ap.parse_args(argv)
     apply_engine_argument(ap, a)
-    path = write_model_dir(a.model, a.root)
+    path = write_model_dir(a.model, a.root, a.tokenizer)
     rows: list[dict[str, Any]] = []
     for name in a.parts.split(","):
         start = time.perf_counter()

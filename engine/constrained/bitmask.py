@@ -6,12 +6,10 @@ row of the mask; a batch without one builds nothing, and the sampler skips the s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import torch
-
-if TYPE_CHECKING:
-    from radixserve.engine.constrained.matcher import GrammarMatcher
+from radixserve.engine.constrained.matcher import GrammarMatcher
 
 
 class HostGrammarMask(NamedTuple):
@@ -32,10 +30,7 @@ def fill_grammar_mask(matchers: Sequence[GrammarMatcher | None], vocab_size: int
         return None
     words = -(-vocab_size // 32)
     bits = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=pin)
-    for i, j in enumerate(rows):
-        matcher = matchers[j]
-        assert matcher is not None
-        matcher.fill(bits, i)
+    GrammarMatcher.fill_rows([m for m in matchers if m is not None], bits)
     return HostGrammarMask(rows, bits)
 
 
