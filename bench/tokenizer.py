@@ -43,7 +43,7 @@ def save_tiktoken_tokenizer(bpe_file: str | Path, out: str | Path,
     try:
         import tiktoken  # noqa: F401  (TikTokenConverter imports it lazily, with a vaguer error)
     except ImportError as exc:
-        raise SystemExit("bench tokenizer needs the tiktoken package: pip install tiktoken") from exc
+        raise SystemExit("bench tokenizer needs tiktoken: pip install tiktoken") from exc
     backend = TikTokenConverter(vocab_file=str(bpe_file), pattern=pattern,
                                 extra_special_tokens=list(special_tokens)).converted()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
