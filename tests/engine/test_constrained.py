@@ -16,6 +16,7 @@ from radixserve.engine import LLM, InvalidRequestError, SamplingParams
 from radixserve.engine.constrained.bitmask import apply_grammar_mask, fill_grammar_mask, to_device
 from radixserve.engine.constrained.compiler import GrammarCompiler
 from radixserve.engine.constrained.matcher import GrammarMatcher
+from transformers import AutoTokenizer
 
 # Finite (or bounded) languages only: the weights are random, so only the grammar ends an output.
 SCHEMAS = [
@@ -238,6 +239,29 @@ def test_mask_bans_ids_past_the_tokenizer_and_applies_to_its_rows(path):
     assert allowed and max(allowed) < 1024 and 2 not in allowed  # EOS only once complete
     assert torch.equal(out[1, allowed], logits[1, allowed])
     assert fill_grammar_mask([None, None], 1030) is None
+
+
+def test_batched_mask_fill_equals_one_row_at_a_time(path):
+    # fill_grammar_mask hands several rows to xgrammar's threads: each row must be its own
+    # matcher's, whatever state each is in (a different grammar, or the same one further along).
+    compiler = GrammarCompiler(str(path), 1030, (2,))
+    tok = AutoTokenizer.from_pretrained(str(path))
+    matchers = []
+    for kind, text, accepted in [("regex", "(yes|no)", ""), ("regex", "(yes|no)", "y"),
+                                 ("regex", r"\d{3}-\d{4}", "12"), ("json_schema",
+                                  json.dumps(SCHEMAS[0]), '{"name": "bob", '),
+                                 ("regex", "[a-c]{1,3}", "ab")]:
+        matcher = GrammarMatcher(compiler.compile(kind, text), (2,))
+        for token in tok.encode(accepted, add_special_tokens=False):
+            assert matcher.accept(token), (text, accepted)
+        matchers.append(matcher)
+    mask = fill_grammar_mask([matchers[0], None, *matchers[1:]], 1030)
+    assert mask is not None and mask.rows == [0, 2, 3, 4, 5]
+    one = torch.empty((1, 33), dtype=torch.int32)
+    for i, matcher in enumerate(matchers):
+        matcher.fill(one, 0)
+        assert torch.equal(mask.bits[i], one[0]), i
+    assert len({tuple(row.tolist()) for row in mask.bits}) == len(matchers)
 
 
 def test_unconstrained_requests_need_no_xgrammar(path, make_llm, monkeypatch):
