@@ -57,21 +57,24 @@ class AttentionBackend(ABC):
         """Build per-step metadata once; every layer reuses it."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-                layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+                layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool,
+                out: torch.Tensor | None = None) -> torch.Tensor:
         """Store k/v at meta.out_loc, then causal attention of q over each request's whole context.
 
         Shapes: q (T, nh, hd), k and v (T, nkv, hd) -> (T, nh, hd). k and v are None when the caller
-        has already written them (the fused rotary kernel stores them as it goes).
+        has already written them (the fused rotary kernel stores them as it goes). `out`: as in
+        `attend`.
         """
         if k is not None and v is not None:
             kv_pool.store(layer_id, meta.out_loc, k, v)
-        return self.attend(q, layer_id, meta, kv_pool)
+        return self.attend(q, layer_id, meta, kv_pool, out)
 
     @abstractmethod
     def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
-               kv_pool: KVCachePool) -> torch.Tensor:
+               kv_pool: KVCachePool, out: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of q (T, nh, hd) over each request's context, new tokens included.
-        Returns (T, nh, hd)."""
+        Returns (T, nh, hd): `out` when given (a contiguous (T, nh, hd) tensor of q's dtype, which
+        receives the result: the piecewise graphs' static buffer), else a new tensor."""
 
     # -- page sizes -------------------------------------------------------------------------------
     def check_page_size(self, page_size: int) -> str:
@@ -111,6 +114,13 @@ class AttentionBackend(ABC):
         raise NotImplementedError
 
 
+def into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """`attend`'s return for a backend whose kernel allocates its own output."""
+    if out is None:
+        return result
+    return out.copy_(result)
+
+
 def pages_per_request(seq_lens: list[int], page_size: int) -> list[int]:
     return [-(-s // page_size) for s in seq_lens]
 
@@ -131,3 +141,4 @@ def page_indices(page_table: torch.Tensor, slots: torch.Tensor, num_pages: list[
     first = torch.repeat_interleave(starts.to(dev, non_blocking=True), counts_d, output_size=n)
     cols = (torch.arange(n, device=dev) - first) * page_size  # (n,) first position of each page
     return (page_table[rows, cols] // page_size).to(torch.int32)
+

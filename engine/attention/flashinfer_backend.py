@@ -100,13 +100,10 @@ class FlashInferBackend(AttentionBackend):
         return FlashInferMetadata(layout.out_loc, planner.wrapper)
 
     def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
-               kv_pool: KVCachePool) -> torch.Tensor:
+               kv_pool: KVCachePool, out: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(meta, FlashInferMetadata)
-        P = kv_pool.page_size
-        # (pages, P, nkv, hd)
-        k_pages = kv_pool.k[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)
-        v_pages = kv_pool.v[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)
-        return meta.wrapper.run(q.contiguous(), (k_pages, v_pages))  # (T, nh, hd)
+        pages = kv_pool.pages[layer_id]  # (k, v), each (pages, P, nkv, hd)
+        return meta.wrapper.run(q.contiguous(), pages, out=out)  # (T, nh, hd)
 
     # -- CUDA graphs ----------------------------------------------------------------------------
     def supports_cuda_graph(self, page_size: int) -> bool:
