@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -26,6 +27,9 @@ class StepLayout:
     out_loc: torch.Tensor  # (T,) int64 KV locations of the new tokens, device
     page_table: torch.Tensor  # (max_slots, width) int64, device
     page_size: int
+    # the slots on the host, where the caller has them: backends then find page ids with less
+    # device work (`page_cells`)
+    slot_list: list[int] | None = None
 
     @property
     def extend_lens(self) -> list[int]:
@@ -142,3 +146,18 @@ def page_indices(page_table: torch.Tensor, slots: torch.Tensor, num_pages: list[
     cols = (torch.arange(n, device=dev) - first) * page_size  # (n,) first position of each page
     return (page_table[rows, cols] // page_size).to(torch.int32)
 
+
+def page_cells(slot_list: list[int], num_pages: list[int], width: int,
+               page_size: int) -> np.ndarray:
+    """Host side of `page_indices` where the slots are known on the host: the flat index into
+    page_table.view(-1) of each page's first slot, request after request ((sum(num_pages),) int64).
+    `pages_at` reads the page ids there on the device, in one gather."""
+    counts = np.asarray(num_pages, dtype=np.int64)
+    starts = np.cumsum(counts) - counts  # first page of each request in the flat page axis
+    base = np.asarray(slot_list, dtype=np.int64) * width - starts * page_size
+    return np.repeat(base, counts) + np.arange(int(counts.sum()), dtype=np.int64) * page_size
+
+
+def pages_at(page_table: torch.Tensor, cells: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Page ids (int32, device) at `page_cells` positions of the page table (uploaded)."""
+    return (page_table.view(-1)[cells] // page_size).to(torch.int32)
