@@ -230,7 +230,7 @@ class ModelRunner:
             input_ids = table.token_pool[slot_tok_d, pos_d]
             out_loc = table.page_table[slot_tok_d, pos_d]
             layout = StepLayout(cols.slots, batch.prefix_lens, batch.seq_lens, out_loc,
-                                table.page_table, self.config.page_size)
+                                table.page_table, self.config.page_size, slot_list)
             meta = self.backend.prepare(layout)
             if self.pieces is not None and self.pieces.can_run(T):
                 hidden = self.pieces.run(input_ids, pos_d, out_loc, meta)

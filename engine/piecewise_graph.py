@@ -138,8 +138,9 @@ class PiecewiseGraphRunner:
         self.out_loc[T:bucket].fill_(self.dummy_loc)  # padded rows write into the dummy page
         pieces = self.graphs[bucket]
         q, attn_out = self.q[:T], self.attn_out[:T]
-        for i, piece in enumerate(pieces[:-1]):
-            piece.replay()
-            attn_out.copy_(self.backend.attend(q, i, meta, self.kv_pool))
+        attend, pool = self.backend.attend, self.kv_pool
+        for i in range(len(pieces) - 1):
+            pieces[i].replay()
+            attend(q, i, meta, pool, attn_out)  # straight into the buffer the next piece reads
         pieces[-1].replay()
         return self.hidden[:T]

@@ -22,10 +22,11 @@ _NUMPY = {torch.bool: np.bool_, torch.int32: np.int32, torch.int64: np.int64,
           torch.float32: np.float32}
 
 
-def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor, torch.dtype]],
+def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.ndarray,
+                                           torch.dtype]],
                    device: torch.device) -> list[torch.Tensor]:
     """`[torch.tensor(values, dtype=dtype) on device for values, dtype in columns]`, in one copy.
-    Values are a list or tuple of Python numbers, or a 1-D cpu tensor.
+    Values are a list or tuple of Python numbers, a 1-D cpu tensor or a 1-D numpy array.
 
     Each result is a 1-D view of one device buffer. The copy does not wait for the host: on CUDA
     the buffer is pinned, from torch's caching host allocator, which hands it out again only after

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -26,6 +27,9 @@ class StepLayout:
     out_loc: torch.Tensor  # (T,) int64 KV locations of the new tokens, device
     page_table: torch.Tensor  # (max_slots, width) int64, device
     page_size: int
+    # the slots on the host, where the caller has them: backends then find page ids with less
+    # device work (`page_cells`)
+    slot_list: list[int] | None = None
 
     @property
     def extend_lens(self) -> list[int]:
@@ -57,21 +61,24 @@ class AttentionBackend(ABC):
         """Build per-step metadata once; every layer reuses it."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-                layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor:
+                layer_id: int, meta: AttentionMetadata, kv_pool: KVCachePool,
+                out: torch.Tensor | None = None) -> torch.Tensor:
         """Store k/v at meta.out_loc, then causal attention of q over each request's whole context.
 
         Shapes: q (T, nh, hd), k and v (T, nkv, hd) -> (T, nh, hd). k and v are None when the caller
-        has already written them (the fused rotary kernel stores them as it goes).
+        has already written them (the fused rotary kernel stores them as it goes). `out`: as in
+        `attend`.
         """
         if k is not None and v is not None:
             kv_pool.store(layer_id, meta.out_loc, k, v)
-        return self.attend(q, layer_id, meta, kv_pool)
+        return self.attend(q, layer_id, meta, kv_pool, out)
 
     @abstractmethod
     def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
-               kv_pool: KVCachePool) -> torch.Tensor:
+               kv_pool: KVCachePool, out: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of q (T, nh, hd) over each request's context, new tokens included.
-        Returns (T, nh, hd)."""
+        Returns (T, nh, hd): `out` when given (a contiguous (T, nh, hd) tensor of q's dtype, which
+        receives the result: the piecewise graphs' static buffer), else a new tensor."""
 
     # -- page sizes -------------------------------------------------------------------------------
     def check_page_size(self, page_size: int) -> str:
@@ -111,6 +118,13 @@ class AttentionBackend(ABC):
         raise NotImplementedError
 
 
+def into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """`attend`'s return for a backend whose kernel allocates its own output."""
+    if out is None:
+        return result
+    return out.copy_(result)
+
+
 def pages_per_request(seq_lens: list[int], page_size: int) -> list[int]:
     return [-(-s // page_size) for s in seq_lens]
 
@@ -131,3 +145,19 @@ def page_indices(page_table: torch.Tensor, slots: torch.Tensor, num_pages: list[
     first = torch.repeat_interleave(starts.to(dev, non_blocking=True), counts_d, output_size=n)
     cols = (torch.arange(n, device=dev) - first) * page_size  # (n,) first position of each page
     return (page_table[rows, cols] // page_size).to(torch.int32)
+
+
+def page_cells(slot_list: list[int], num_pages: list[int], width: int,
+               page_size: int) -> np.ndarray:
+    """Host side of `page_indices` where the slots are known on the host: the flat index into
+    page_table.view(-1) of each page's first slot, request after request ((sum(num_pages),) int64).
+    `pages_at` reads the page ids there on the device, in one gather."""
+    counts = np.asarray(num_pages, dtype=np.int64)
+    starts = np.cumsum(counts) - counts  # first page of each request in the flat page axis
+    base = np.asarray(slot_list, dtype=np.int64) * width - starts * page_size
+    return np.repeat(base, counts) + np.arange(int(counts.sum()), dtype=np.int64) * page_size
+
+
+def pages_at(page_table: torch.Tensor, cells: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Page ids (int32, device) at `page_cells` positions of the page table (uploaded)."""
+    return (page_table.view(-1)[cells] // page_size).to(torch.int32)

@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
-from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
+from radixserve.engine.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    StepLayout,
+    into,
+)
 
 if TYPE_CHECKING:
     from radixserve.engine.kvcache.pool import KVCachePool
@@ -116,16 +121,18 @@ class FlashAttentionBackend(AttentionBackend):
                           kv_loc, cu_k, decode)
 
     def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
-               kv_pool: KVCachePool) -> torch.Tensor:
+               kv_pool: KVCachePool, out: torch.Tensor | None = None) -> torch.Tensor:
+        return into(self._attend(q, layer_id, meta, kv_pool), out)  # the kernels allocate theirs
+
+    def _attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
+                kv_pool: KVCachePool) -> torch.Tensor:
         assert isinstance(meta, FAMetadata)
         k_all, v_all = kv_pool.k[layer_id], kv_pool.v[layer_id]  # (locations, nkv, hd)
         if meta.block_table is None:  # gathered contiguous K/V, one run per request
             assert meta.kv_loc is not None and meta.cu_k is not None
             return self.api.varlen(q, k_all[meta.kv_loc], v_all[meta.kv_loc], meta.cu_q, meta.cu_k,
                                    meta.max_q, meta.max_k, softmax_scale=self.scale, causal=True)
-        P = kv_pool.page_size
-        k_pages = k_all.view(-1, P, self.num_kv_heads, self.head_dim)  # (pages, P, nkv, hd)
-        v_pages = v_all.view(-1, P, self.num_kv_heads, self.head_dim)
+        k_pages, v_pages = kv_pool.pages[layer_id]  # (pages, P, nkv, hd)
         if self.api.version == 3:
             out = self.api.with_kvcache(q, k_pages, v_pages, cache_seqlens=meta.seqlens,
                                         page_table=meta.block_table, cu_seqlens_q=meta.cu_q,

@@ -5,10 +5,16 @@ to FlashInfer's NHD paged layout (pages, P, nkv, hd). Page ids come from the tok
 (`page_indices`). Steps whose rows all add one token plan the decode kernel; any other step plans
 the causal paged prefill kernel, which also serves chunked prefill over cached prefixes (queries sit
 at the end of their request's KV, as our StepLayout defines them).
+
+Prefill steps call the planned kernel directly (flashinfer_direct.py: one plan from host lists, one
+bare call per layer into the caller's buffer) once the first prefill plan has shown, through the
+wrapper, that this FlashInfer matches what that module mirrors; otherwise, or with direct=False,
+they go through the wrapper's plan and run. Which one is logged once.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +28,10 @@ from radixserve.engine.attention.base import (
 )
 
 if TYPE_CHECKING:
+    from radixserve.engine.attention.flashinfer_direct import DirectPrefill, LayerCall
     from radixserve.engine.kvcache.pool import KVCachePool
+
+log = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's split-KV scratch, shared by every wrapper (one stream)
 
@@ -53,20 +62,26 @@ class _Planner:
         self._pinned = [first, torch.empty_like(first, pin_memory=True)]
         self._turn = 0
 
-    def plan(self, *args: Any, **kwargs: Any) -> None:
+    def next_pinned(self) -> torch.Tensor:
+        """The buffer for the next plan to stage its schedule in."""
         self._turn ^= 1
-        self.wrapper._pin_memory_int_workspace_buffer = self._pinned[self._turn]
+        return self._pinned[self._turn]
+
+    def plan(self, *args: Any, **kwargs: Any) -> None:
+        self.wrapper._pin_memory_int_workspace_buffer = self.next_pinned()
         self.wrapper.plan(*args, **kwargs)
 
 
 @dataclass
 class FlashInferMetadata(AttentionMetadata):
     wrapper: Any  # the planned BatchPrefill/BatchDecode wrapper
+    call: LayerCall | None = None  # a prefill step planned directly: its per-layer kernel call
 
 
 class FlashInferBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
-                 dtype: torch.dtype = torch.bfloat16) -> None:
+                 dtype: torch.dtype = torch.bfloat16, direct: bool = True) -> None:
+        """direct=False keeps prefill on the wrapper's plan and run."""
         import flashinfer
 
         if dtype not in (torch.bfloat16, torch.float16):
@@ -80,11 +95,24 @@ class FlashInferBackend(AttentionBackend):
             flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD"))
         self._graphs: dict[int, _Planner] = {}
         self._dummy_page = -1
+        # Prefill kernels called directly: decided at the first prefill plan (_form_direct).
+        self._direct: DirectPrefill | None = None
+        self._direct_decided = not direct
+
+    @property
+    def prefill_path(self) -> str:
+        """How prefill steps run: "direct", "wrapper", or "undecided" before the first."""
+        if self._direct is not None:
+            return "direct"
+        return "wrapper" if self._direct_decided else "undecided"
 
     def _heads(self) -> dict[str, Any]:
         return dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
 
     def prepare(self, layout: StepLayout) -> FlashInferMetadata:
+        if self._direct is not None and not layout.is_decode:
+            call = self._direct.plan(layout, self._prefill.next_pinned())
+            return FlashInferMetadata(layout.out_loc, self._prefill.wrapper, call)
         P, seq = layout.page_size, layout.seq_lens
         npages = pages_per_request(seq, P)
         kv_indptr, last = _indptr(npages), _last_page_lens(seq, npages, P)
@@ -97,16 +125,40 @@ class FlashInferBackend(AttentionBackend):
             planner = self._prefill
             planner.plan(_indptr(layout.extend_lens), kv_indptr, indices, last, nh, nkv, hd, P,
                          causal=True, **self._heads())
+            if not self._direct_decided:
+                self._direct_decided = True
+                self._direct = self._form_direct(layout)
         return FlashInferMetadata(layout.out_loc, planner.wrapper)
 
+    def _form_direct(self, layout: StepLayout) -> DirectPrefill | None:
+        """The direct prefill path, checked against the wrapper's plan of `layout` just made; None
+        (logged) where this FlashInfer differs from what it mirrors."""
+        from radixserve.engine.attention.flashinfer_direct import DirectPrefill, Unsupported
+
+        version = getattr(self._fi, "__version__", "?")
+        wrapper = self._prefill.wrapper
+        try:
+            direct = DirectPrefill(wrapper, self.num_heads, self.num_kv_heads, self.head_dim,
+                                   self.scale)
+            direct.verify(wrapper, layout)
+        except Unsupported as e:
+            log.warning("flashinfer %s: prefill runs through the wrapper's plan and run, the "
+                        "direct kernel calls do not fit it: %s", version, e)
+            return None
+        log.info("flashinfer %s: prefill calls its %s kernels directly", version, direct.backend)
+        return direct
+
     def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
-               kv_pool: KVCachePool) -> torch.Tensor:
+               kv_pool: KVCachePool, out: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(meta, FlashInferMetadata)
-        P = kv_pool.page_size
-        # (pages, P, nkv, hd)
-        k_pages = kv_pool.k[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)
-        v_pages = kv_pool.v[layer_id].view(-1, P, self.num_kv_heads, self.head_dim)
-        return meta.wrapper.run(q.contiguous(), (k_pages, v_pages))  # (T, nh, hd)
+        pages = kv_pool.pages[layer_id]  # (k, v), each (pages, P, nkv, hd)
+        call = meta.call
+        if call is None:
+            return meta.wrapper.run(q.contiguous(), pages, out=out)  # (T, nh, hd)
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        call(q if q.is_contiguous() else q.contiguous(), pages[0], pages[1], out)
+        return out
 
     # -- CUDA graphs ----------------------------------------------------------------------------
     def supports_cuda_graph(self, page_size: int) -> bool:

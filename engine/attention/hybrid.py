@@ -37,9 +37,9 @@ class HybridBackend(AttentionBackend):
         return HybridMetadata(inner.out_loc, backend, inner)
 
     def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
-               kv_pool: KVCachePool) -> torch.Tensor:
+               kv_pool: KVCachePool, out: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(meta, HybridMetadata)
-        return meta.backend.attend(q, layer_id, meta.inner, kv_pool)
+        return meta.backend.attend(q, layer_id, meta.inner, kv_pool, out)
 
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int) -> None:

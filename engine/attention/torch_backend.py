@@ -43,13 +43,15 @@ class TorchBackend(AttentionBackend):
                              flat_index.to(dev))
 
     def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
-               kv_pool: KVCachePool) -> torch.Tensor:
+               kv_pool: KVCachePool, out: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(meta, TorchMetadata)
         B, Q = meta.q_index.shape
         qp = q[meta.q_index].transpose(1, 2)  # (B, nh, Q, hd)
         kp = kv_pool.k[layer_id][meta.kv_index].to(q.dtype).transpose(1, 2)  # (B, nkv, L, hd)
         vp = kv_pool.v[layer_id][meta.kv_index].to(q.dtype).transpose(1, 2)
-        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=meta.mask, scale=self.scale,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
-        out = out.transpose(1, 2).reshape(B * Q, self.num_heads, self.head_dim)  # (B*Q, nh, hd)
-        return out[meta.flat_index]
+        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=meta.mask, scale=self.scale,
+                                           enable_gqa=self.num_heads != self.num_kv_heads)
+        o = o.transpose(1, 2).reshape(B * Q, self.num_heads, self.head_dim)  # (B*Q, nh, hd)
+        if out is None:
+            return o[meta.flat_index]
+        return torch.index_select(o, 0, meta.flat_index, out=out)

@@ -16,6 +16,11 @@ class KVCachePool:
         # One Triton launch for k and v instead of two index_copy_ (H200, 8 KV heads x 128: 4.7 vs
         # 9.4 us per layer inside a decode graph, 23 vs 60 us for an 8192-token prefill).
         self.fused_store = store_kernel.available(self.k)
+        # Each layer's k and v as (pages, page_size, nkv, hd): the NHD paged layout of the kernels
+        # (views made once: attention backends read them every layer of every step).
+        self.pages = [(self.k[i].view(num_pages, page_size, num_kv_heads, head_dim),
+                       self.v[i].view(num_pages, page_size, num_kv_heads, head_dim))
+                      for i in range(num_layers)]
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """loc: (T,) int64 locations; k, v: (T, nkv, hd)."""

@@ -62,10 +62,11 @@ class DecoderModel(nn.Module):
         """input_ids, positions: (T,) -> hidden states (T, hidden). The pieces below with the
         attention between them: the piecewise CUDA graphs replay exactly this sequence."""
         ctx = get_forward_context()
+        attend, meta, pool = ctx.backend.attend, ctx.metadata, ctx.kv_pool
         x, residual = self.piece(0, input_ids, positions, None, None)
         for i in range(len(self.layers)):
-            attn_out = ctx.backend.attend(x, i, ctx.metadata, ctx.kv_pool)
-            x, residual = self.piece(i + 1, input_ids, positions, attn_out, residual)
+            x, residual = self.piece(i + 1, input_ids, positions, attend(x, i, meta, pool),
+                                     residual)
         return x
 
     def piece(self, k: int, input_ids: torch.Tensor, positions: torch.Tensor,
