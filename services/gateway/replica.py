@@ -22,7 +22,7 @@ from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as sched_grpc
 from radixserve.services.common import rpc
 from radixserve.services.common.errors import RETRY_AFTER_MS
 from radixserve.services.gateway import convert
-from radixserve.services.gateway.streams import Outbox, first_exit, reconnect_forever
+from radixserve.services.gateway.streams import Outbox, end_session, first_exit, reconnect_forever
 from radixserve.services.gateway.types import Acks, ModelInfo, ReplicaReport, ReplicaStats
 
 log = logging.getLogger(__name__)
@@ -131,10 +131,7 @@ class SchedulerReplica:
             log.info("scheduler %s connected", self.address)
             await first_exit(tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            if call is not None:
-                call.cancel()
+            end_session(tasks, call)
             was_connected = self.connected
             self._set(connected=False, health_serving=False)
             self.stats, self._full = None, None

@@ -1,5 +1,5 @@
-"""Building blocks of the gateway's long-lived backend streams: a batching outbox, and the
-reconnect loop every link runs."""
+"""Building blocks of the gateway's long-lived backend streams: a batching outbox, the reconnect
+loop every link runs, and how a session waits for its streams and ends them."""
 
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ async def reconnect_forever(name: str, session: Callable[[], Awaitable[None]],
         except Exception:
             log.exception("%s: link failed; reconnecting", name)
         await asyncio.sleep(retry_s)
+
+
+def end_session(tasks: list[asyncio.Task[None]], call: grpc.aio.Call | None) -> None:
+    """A session's teardown, whatever ended it: cancel its stream tasks, then its call (None
+    when the session ended before opening it)."""
+    for task in tasks:
+        task.cancel()
+    if call is not None:
+        call.cancel()
 
 
 async def first_exit(tasks: list[asyncio.Task[None]]) -> None:

@@ -13,7 +13,7 @@ from radixserve.internal.tokenizer.v1 import tokenizer_pb2_grpc as tok_grpc
 from radixserve.services.common import rpc
 from radixserve.services.common.errors import ServiceError, unavailable
 from radixserve.services.gateway import convert
-from radixserve.services.gateway.streams import Outbox, first_exit, reconnect_forever
+from radixserve.services.gateway.streams import Outbox, end_session, first_exit, reconnect_forever
 from radixserve.services.gateway.types import Failure, JobResult
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,7 @@ class TokenizerLink:
             log.info("tokenizer %s connected", self.address)
             await first_exit(tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            if call is not None:
-                call.cancel()
+            end_session(tasks, call)
             self._set(False)
             self._jobs.clear()
             for future in self._pending.values():
