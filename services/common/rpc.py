@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -102,34 +100,6 @@ def bind(server: grpc.aio.Server, address: str, tls: TlsFiles | None = None) -> 
 
 def internal_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=list(INTERNAL_CHANNEL_OPTIONS))
-
-
-async def write_to_the_end(context: grpc.aio.ServicerContext, message: Any) -> None:
-    """`context.write(message)` in a task of its own, which a cancellation of the handler does not
-    reach: the handler is still cancelled at once, and the write still sees its completion.
-
-    grpc.aio frees a write's native memory (its op array, the serialized message's buffer) in the
-    coroutine that awaits the write, once the write completes (callback_common.pyx.pxi,
-    `execute_batch`). A handler cancelled while its write is pending, as grpc cancels a handler
-    when the client cancels the call, never gets there and the memory is lost (grpc/grpc#43360):
-    a few hundred bytes per cancelled stream, the gateway's RSS growth under a soak with cancels
-    (docs/benchmarks.md). A write that fails, because the call ended under it, still loses it;
-    that part needs the fix in grpc.
-
-    Safe against the call's release: the task is queued before the handler can see its
-    cancellation, so it starts the write while grpc still holds the call, and grpc's core keeps
-    the call alive until the batch completes.
-    """
-    write = asyncio.ensure_future(context.write(message))
-    write.add_done_callback(_seen)
-    await asyncio.shield(write)
-
-
-def _seen(write: asyncio.Future[None]) -> None:
-    # A write left behind by a cancelled handler fails when the call has ended: expected, not an
-    # "exception was never retrieved" for the log. An awaited write raises in its handler as ever.
-    if not write.cancelled():
-        write.exception()
 
 
 class Health:

@@ -12,10 +12,9 @@ next to the internal sockets), and the API key is still checked there.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from importlib import metadata
 from typing import NamedTuple
 
@@ -51,14 +50,11 @@ class GenerateServicer(pb_grpc.GenerateServiceServicer):
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> None:
-        # Written with context.write, not yielded: a client's cancel must not interrupt a pending
-        # write (rpc.write_to_the_end), and with a generator grpc does the writes itself.
+    ) -> AsyncIterator[pb.GenerateResponse]:
         spec = convert.generate_spec_from_pb(request)
         handle = self._frontend.open(spec)
-        async with contextlib.aclosing(self._frontend.run(handle)) as events:
-            async for event in events:
-                await rpc.write_to_the_end(context, convert.event_to_pb(handle.public_id, event))
+        async for event in self._frontend.run(handle):
+            yield convert.event_to_pb(handle.public_id, event)
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
