@@ -42,6 +42,7 @@ from radixserve.engine.attention.base import (
     page_cells,
     page_indices,
     pages_at,
+    pages_per_request,
 )
 from radixserve.engine.upload import upload_columns
 
@@ -92,7 +93,7 @@ class _Inputs:
 
     def __init__(self, layout: StepLayout, fa3: bool, device: torch.device) -> None:
         P, seq, ext = layout.page_size, layout.seq_lens, layout.extend_lens
-        npages = [-(-s // P) for s in seq]
+        npages = pages_per_request(seq, P)
         self.batch, self.rows = len(seq), sum(ext)
         self.max_q, self.max_kv = max(ext), max(seq)
         qo, kv = _prefix(ext), _prefix(npages)
