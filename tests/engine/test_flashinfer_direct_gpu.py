@@ -64,19 +64,6 @@ def test_direct_prefill_equals_wrapper_run(kind, page_size, with_slots):
         assert err < TOL, f"{kind} P={page_size}: relative error {err:.2e}"
 
 
-def test_decode_steps_keep_the_wrapper():
-    b = _backend()
-    b.prepare(_case("chunked", 16, 1, True).layout)
-    assert b.prefill_path == "direct"
-    case = _case("decode", 16, 2, True)
-    meta = b.prepare(case.layout)
-    assert meta.call is None
-    out = torch.empty_like(case.q)
-    assert b.attend(case.q, LAYER, meta, case.pool, out=out) is out
-    torch.cuda.synchronize()
-    assert rel_error(out, reference(case, HD**-0.5)) < TOL
-
-
 def _check_wrapper_path(b, kind: str = "mixed") -> None:
     for seed in range(2):
         case = _case(kind, 16, 10 + seed, True)
@@ -86,6 +73,13 @@ def _check_wrapper_path(b, kind: str = "mixed") -> None:
         assert b.attend(case.q, LAYER, meta, case.pool, out=out) is out
         torch.cuda.synchronize()
         assert rel_error(out, reference(case, HD**-0.5)) < TOL
+
+
+def test_decode_steps_keep_the_wrapper():
+    b = _backend()
+    b.prepare(_case("chunked", 16, 1, True).layout)
+    assert b.prefill_path == "direct"
+    _check_wrapper_path(b, "decode")
 
 
 def test_fallback_when_forced(caplog):
