@@ -40,13 +40,19 @@ def scrape(url: str) -> tuple[int, int]:
 
 
 def measure(target: str, metrics_url: str, running: int, cancels: int, output_len: int,
-            seed: int = 0) -> dict[str, Any]:
+            seed: int = 0, channels: int = 1) -> dict[str, Any]:
+    """`channels` client connections carry the streams in turn (a server with several gateways on
+    one port serves each connection on one of them)."""
     rng = random.Random(seed)
-    with grpc.insecure_channel(target) as channel:
-        stub = pb_grpc.GenerateServiceStub(channel)
-        vocab = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30).vocab_size
+    # a local subchannel pool each: channels to one target would otherwise share a connection
+    opened = [grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+              for _ in range(channels)]
+    try:
+        stubs = [pb_grpc.GenerateServiceStub(channel) for channel in opened]
+        vocab = stubs[0].GetModelInfo(pb.GetModelInfoRequest(), timeout=30).vocab_size
         calls = []
-        for _ in range(running):
+        for i in range(running):
+            stub = stubs[i % channels]
             req = pb.GenerateRequest(token_ids=pb.TokenIds(
                 ids=[rng.randrange(1, min(vocab, 10000)) for _ in range(8)]))
             req.stopping.max_new_tokens = output_len
@@ -77,8 +83,21 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
         step_ms = (time.monotonic() - began) * 1000 / max(1, scrape(metrics_url)[1] - first_step)
         for call in calls[cancels:]:
             call.cancel()
-    return {"running": running, "cancels": cancels, "ms": percentiles(ms), "step_ms": step_ms,
+    finally:
+        for channel in opened:
+            channel.close()
+    return {"running": running, "channels": channels, "cancels": cancels, "ms": percentiles(ms),
+            "step_ms": step_ms,
             "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)}}
+
+
+def _gateways(serve_flags: list[str]) -> int:
+    for i, flag in enumerate(serve_flags):
+        if flag == "--gateways" and i + 1 < len(serve_flags):
+            return int(serve_flags[i + 1])
+        if flag.startswith("--gateways="):
+            return int(flag.split("=", 1)[1])
+    return 1
 
 
 def _p99(values: list[int]) -> int:
@@ -107,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cancels", type=int, default=64)
     p.add_argument("--output-len", type=int, default=200,
                    help="max_new_tokens of every stream; must outlast the run")
+    p.add_argument("--channels", type=int, default=1,
+                   help="client connections the streams are spread over (serve --gateways K "
+                        "serves each connection on one of its gateways)")
     p.add_argument("--json", dest="json_path", help="write the result here")
     args, extra = parse_stack_args(p, argv)
     if not args.launch and not args.metrics:
@@ -120,9 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             port = s.getsockname()[1]  # the gateway's metrics; the scheduler's is the next one
         serve_flags = ["--max-running-requests", str(args.running), "--metrics-port", str(port),
                        *extra]
-        url = f"http://127.0.0.1:{port + 1}/metrics"
+        # gateway i serves metrics on port + i, the scheduler on the port after the gateways'
+        url = f"http://127.0.0.1:{port + _gateways(extra)}/metrics"
     with stack(args, serve_flags) as (target, _):
-        result = measure(target, url, args.running, args.cancels, args.output_len)
+        result = measure(target, url, args.running, args.cancels, args.output_len,
+                         channels=args.channels)
     print(format_table(result))
     if args.json_path:
         with open(args.json_path, "w") as f:

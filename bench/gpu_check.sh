@@ -25,7 +25,10 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 export PYTHONUNBUFFERED=1 RADIXSERVE_TEST_RESULTS="$OUT/results.jsonl"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+if [ "$(ls -l .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ]; then  # once per set of wheels
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  ls -l .whl > /tmp/site/.wheels
+fi
 # radixserve.* import names map onto the project folders (setup.py's package-dir) through links.
 SHIM=/tmp/shim/radixserve
 mkdir -p "$SHIM"
@@ -78,7 +81,7 @@ serving() {  # serving NAME
   stage "serving $1" 560 python3 -m radixserve.bench.serving --launch --model "/tmp/models/$1" \
     --num-prompts 512 --input-len 512 --output-len 512 --temperature 0.6 \
     --concurrency "${SERVING_LEVELS:-256,32}" --rate-fractions "${SERVING_RATES:-0.5,0.75,0.9}" \
-    --offline-baseline --json "$OUT/serving-$1${SERVING_LABEL:-}.json" \
+    --offline-baseline --json "$OUT/serving-$1${SERVING_LABEL:-}.json" ${SERVING_BENCH_FLAGS:-} \
     -- --device cuda --max-running-requests 256 ${SERVING_FLAGS:-}
 }
 

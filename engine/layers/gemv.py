@@ -19,6 +19,8 @@ Both round where the unfused layers round, so results match them to bf16 roundin
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -44,7 +46,8 @@ if triton is not None:
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, r_out_ptr, nw_ptr, eps, N, K, x_stride,
                      out_stride, M: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, INPUT: tl.constexpr, HAS_RES: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, INPUT: tl.constexpr, HAS_RES: tl.constexpr,
+                     STREAM: tl.constexpr):
         pid = tl.program_id(0)
         n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, MP)
@@ -70,8 +73,12 @@ if triton is not None:
             k = k0 + tl.arange(0, BLOCK_K)
             k_mask = k < K
             mk = m_mask[:, None] & k_mask[None, :]
-            w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=n_mask[:, None] & k_mask[None, :],
-                        other=0.0)
+            w_mask = n_mask[:, None] & k_mask[None, :]
+            if STREAM:  # read once: keep L2 for the inputs and the next kernel's data
+                w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=w_mask, other=0.0,
+                            eviction_policy="evict_first")
+            else:
+                w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=w_mask, other=0.0)
             if INPUT == 1:  # [gate | up] rows: SiLU rounds before the product, as in eager
                 g = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
                 u = tl.load(x_rows + K + k[None, :], mask=mk, other=0.0).to(tl.float32)
@@ -120,17 +127,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def config(N: int, K: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps): enough programs to fill the GPU, <= 16K weights per slab."""
+class Blocks(NamedTuple):
+    """A launch shape: each program owns `block_n` outputs and reads their rows `block_k` weights
+    at a time; `stream` loads the weights with an evict-first hint (each is read once)."""
+
+    block_n: int
+    block_k: int
+    warps: int
+    stream: bool = False
+
+
+def config(N: int, K: int) -> Blocks:
+    """Enough programs to fill the GPU, <= 16K weights per slab."""
     block_k = min(triton.next_power_of_2(K), 1024)
     block_n = 16384 // block_k
     while block_n > 1 and triton.cdiv(N, block_n) < _TARGET_PROGRAMS:
         block_n //= 2
-    return block_n, block_k, 8 if block_n * block_k >= 8192 else 4
+    return Blocks(block_n, block_k, 8 if block_n * block_k >= 8192 else 4)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
+         blocks: Blocks | None = None) -> torch.Tensor:
     """x (M, K), weight (N, K), bias (N,) -> x @ weight.T + bias, (M, N) in x's dtype.
 
     M <= MAX_ROWS."""
@@ -138,7 +155,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 
 def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
+               blocks: Blocks | None = None) -> torch.Tensor:
     """gate_up (M, 2K) = [gate | up], weight (N, K) -> (silu(gate) * up) @ weight.T + bias.
 
     Returns (M, N)."""
@@ -147,7 +164,7 @@ def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                blocks: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                blocks: Blocks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) row-packed, residual (M, K) contiguous or None -> (rms_norm(s) @ weight.T + bias, s)
     with s = x + residual (a new tensor; the residual is not written) or s = x without one."""
     y, s = _launch(NORMED, x, weight, bias, blocks, residual, norm_weight, eps)
@@ -156,7 +173,7 @@ def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
 
 
 def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            blocks: tuple[int, int, int] | None, residual: torch.Tensor | None = None,
+            blocks: Blocks | None, residual: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None,
             eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     M = x.size(0)
@@ -165,12 +182,13 @@ def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     r_out = None
     if input == NORMED:
         r_out = torch.empty(M, K, dtype=x.dtype, device=x.device) if residual is not None else x
-    block_n, block_k, warps = blocks or config(N, K)
+    block_n, block_k, warps, stream = blocks or config(N, K)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, bias if bias is not None else weight, out,
         residual if residual is not None else x,
         r_out if r_out is not None else out, norm_weight if norm_weight is not None else weight,
         eps, N, K, x.stride(0), out.stride(0), M=M, MP=triton.next_power_of_2(M), BLOCK_N=block_n,
         BLOCK_K=block_k,
-        HAS_BIAS=bias is not None, INPUT=input, HAS_RES=residual is not None, num_warps=warps)
+        HAS_BIAS=bias is not None, INPUT=input, HAS_RES=residual is not None, STREAM=stream,
+        num_warps=warps)
     return out, r_out
