@@ -61,9 +61,12 @@ def stack(args: argparse.Namespace,
 
 
 def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `radixserve serve` on a free port and wait until its gateway is SERVING with every
-    scheduler replica (it serves as soon as one is: a level must not start on part of them)."""
+    """Start `radixserve serve` on a free port and wait until every child is ready (its ready
+    file: with several gateways on the port a health check reaches only one of them) and the
+    gateway is SERVING with every scheduler replica (it serves as soon as one is: a level must not
+    start on part of them)."""
     import socket
+    import tempfile
 
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from radixserve.v1 import generate_pb2 as pb
@@ -72,8 +75,9 @@ def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    ready_file = Path(tempfile.mkdtemp(prefix="radixserve-bench-")) / "ready"
     argv = [sys.executable, "-m", "radixserve.services.cli", "serve", "--model", model,
-            "--port", str(port), "--log-level", "WARNING", *extra]
+            "--port", str(port), "--log-level", "WARNING", "--ready-file", str(ready_file), *extra]
     proc = subprocess.Popen(argv)
     target = f"127.0.0.1:{port}"
     with grpc.insecure_channel(target) as channel:
@@ -84,7 +88,7 @@ def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]
                 raise SystemExit(f"radixserve serve exited with {proc.returncode}")
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                if reply.status == health_pb2.HealthCheckResponse.SERVING and ready_file.exists():
                     info = pb_grpc.GenerateServiceStub(channel).GetServerInfo(
                         pb.GetServerInfoRequest(), timeout=5)
                     if all(r.state == pb.REPLICA_STATE_SERVING for r in info.replicas):

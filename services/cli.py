@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Prometheus port of the gateway (gateway i uses it + i, scheduler "
                         "replica i the port after the gateways' + i)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--ready-file", default=None,
+                   help="write the public address to this file once every service (every gateway "
+                        "too) is ready; it is removed when serve stops")
     p.add_argument("--dp-size", type=int, default=1,
                    help="scheduler replicas (data parallelism), each with its own detokenizer "
                         "and --tp-size GPUs")
@@ -331,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
                 public=public, log_level=args.log_level,
                 watchdog_timeout_s=args.watchdog_timeout, dp_size=args.dp_size,
-                gateways=args.gateways, routing=routing_config(args),
+                gateways=args.gateways, routing=routing_config(args), ready_file=args.ready_file,
             )
             supervisor = Supervisor(serve_config, engine_argv(engine))  # places the replicas
         except ValueError as exc:

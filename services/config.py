@@ -34,6 +34,9 @@ class ServeConfig:
     dp_size: int = 1  # scheduler replicas (data parallelism), each with its own detokenizer
     gateways: int = 1  # gateway processes sharing the public port
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # how the gateway picks one
+    # Written (the public address) once every child is ready, removed at exit: what scripts and
+    # exec probes wait on. A health check reaches one gateway only when several share the port.
+    ready_file: str | None = None
 
     def __post_init__(self) -> None:
         # The supervisor checks the gateway's health on this port, so it must be a real one.

@@ -38,6 +38,7 @@ import subprocess
 import tempfile
 import time
 from collections import deque
+from pathlib import Path
 from types import FrameType
 from typing import NamedTuple
 
@@ -105,6 +106,7 @@ class Supervisor:
                 if ready:
                     log.info("serving %s on %s", self._config.engine.model_path,
                              self._config.gateway_address)
+                    self._announce_ready()
                     failed = self._watch(liveness)
                 else:
                     failed = self._stop_signal is None
@@ -112,11 +114,21 @@ class Supervisor:
                 if liveness is not None:
                     liveness.close()
         finally:
+            if self._config.ready_file is not None:
+                Path(self._config.ready_file).unlink(missing_ok=True)
             self._shutdown()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             shutil.rmtree(sockets, ignore_errors=True)
         return 1 if failed else 0
+
+    def _announce_ready(self) -> None:
+        if self._config.ready_file is None:
+            return
+        path = Path(self._config.ready_file)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(self._config.gateway_address + "\n")
+        partial.replace(path)  # whole or absent to a reader
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop_signal = signum

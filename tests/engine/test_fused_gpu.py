@@ -101,6 +101,22 @@ def test_gemv(rows, n, k, bias):
     assert rel_error(out, ref) < TOL
 
 
+@pytest.mark.parametrize("n,k,bias", [(5000, 4100, False), (4096, 12288, True)])
+def test_gemv_one_row_of_a_large_matrix(n, k, bias):
+    """Past 16M weights the kernel takes one row only (whole-row slabs, evict-first), where it
+    streams faster than cuBLAS; two rows go to cuBLAS."""
+    from radixserve.engine.layers import gemv
+
+    x = torch.randn(1, k, device="cuda").bfloat16()
+    w = (torch.randn(n, k, device="cuda") / k**0.5).bfloat16()
+    b = torch.randn(n, device="cuda").bfloat16() if bias else None
+    assert gemv.usable(x, w) and not gemv.usable(torch.cat([x, x]), w)
+    assert gemv.config(n, k).stream
+    ref = x.double() @ w.double().T + (b.double() if bias else 0)
+    out = gemv.linear(x, w, b)
+    assert out.shape == (1, n) and rel_error(out, ref) < TOL
+
+
 @pytest.mark.parametrize("rows", [1, 2, 4])
 @pytest.mark.parametrize("n,k", [(1024, 3072), (500, 300)])
 def test_gated_gemv(rows, n, k):

@@ -298,14 +298,15 @@ def test_two_gateways_share_the_public_port(tmp_path) -> None:
 
     from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
-    log = tmp_path / "serve.log"
-    s = Stack("--gateways", "2", log_path=log)
+    ready_file = tmp_path / "ready"
+    s = Stack("--gateways", "2", "--ready-file", str(ready_file), log_path=tmp_path / "serve.log")
     try:
         s.wait_ready()
         deadline = time.monotonic() + 240  # every child ready, the second gateway too
-        while "serving " not in log.read_text():
+        while not ready_file.exists():
             assert s.proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
+        assert ready_file.read_text().strip() == s.target
         assert len(s.gateway_pids()) == 2
         routed = []
         for i in range(16):
@@ -320,3 +321,4 @@ def test_two_gateways_share_the_public_port(tmp_path) -> None:
         assert max(routed) < 16, routed
     finally:
         s.stop()
+    assert not ready_file.exists()  # serve removes it when it stops
