@@ -11,7 +11,7 @@ a slab spans 2,048-4,096 columns (whole rows up to K = 4,096; 16K weights) and i
 evict-first hint: more bytes in flight per program, and the L2 left to the inputs. It takes
 - matrices with N <= 2K outputs and at most 16M weights, at 1-4 rows (the small model's o_proj and
   down_proj: 1.2-3x faster than cuBLAS);
-- any matrix with K >= 2048 at one row (the 8B model's projections and lm_head: 4-18 % faster).
+- any matrix with K >= 2048 at one row (the 8B model's projections and lm_head: 4-15 % faster).
   At 2 rows it only matches cuBLAS there, and at 4 it loses.
 
 A decode step of a small model is a chain of few-microsecond kernels, so the input's producer is
