@@ -116,7 +116,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def service_pids(serve_pid: int) -> dict[str, int]:
-    """The four children of a `radixserve serve` process, by service name."""
+    """The children of a `radixserve serve` process, by service name; a second process of one
+    service (several gateways, replicas) is NAME-2, a third NAME-3, and so on."""
     found: dict[str, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -131,8 +132,18 @@ def service_pids(serve_pid: int) -> dict[str, int]:
         words = [w.decode(errors="replace") for w in argv]
         for name in SERVICES:
             if name in words:
-                found[name] = int(entry.name)
-    return found
+                key, k = name, 1
+                while key in found:
+                    k += 1
+                    key = f"{name}-{k}"
+                found[key] = int(entry.name)
+    return dict(sorted(found.items()))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of `pid` so far, all its threads."""
+    fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def sample(pid: int) -> dict[str, float]:

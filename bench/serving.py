@@ -31,7 +31,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from radixserve.bench.load import LoadPool, Shape, one_request, open_channels
-from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
+from radixserve.bench.process import (
+    add_stack_args,
+    cpu_seconds,
+    parse_stack_args,
+    percentiles,
+    service_pids,
+    stack,
+)
 from radixserve.bench.server_info import (
     POLL_INTERVAL_S,
     ReplicaLoad,
@@ -110,6 +117,8 @@ class LevelResult:
     server_cached_share: float  # the same by GetServerInfo's totals before and after the level
     routing: str  # the routing policy GetServerInfo names ("" from a server without replicas)
     replicas: list[ReplicaLoad]  # one per scheduler replica GetServerInfo reports
+    # CPU time of each service of a --launch'ed stack during the level, in cores (1.0: one core)
+    service_cores: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _workload(cfg: BenchConfig, vocab: int, level: int = 0) -> Work:
@@ -122,12 +131,17 @@ def _workload(cfg: BenchConfig, vocab: int, level: int = 0) -> Work:
 
 
 async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig,
-                 concurrency: int, work: Work, rate: float) -> LevelResult:
+                 concurrency: int, work: Work, rate: float,
+                 pids: dict[str, int] | None = None) -> LevelResult:
     shape = Shape(concurrency, rate, cfg.temperature, cfg.n, cfg.seed + concurrency, cfg.channels)
+    pids = pids or {}
     async with ServerWatch(stub, cfg.poll_interval_s) as watch:
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         began = time.perf_counter()
         records = await pool.send(work, shape)
         duration = time.perf_counter() - began
+        cores = {name: (cpu_seconds(pid) - cpu_before[name]) / duration
+                 for name, pid in pids.items()}
     done = [r for r in records if r.ok]
     for r in records:
         if not r.ok:
@@ -147,24 +161,25 @@ async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchCo
         cached_share=cached_share(sum(r.cached_tokens for r in done),
                                   sum(r.prompt_tokens for r in done)),
         server_cached_share=watch.cached_share, routing=watch.last.routing,
-        replicas=watch.replicas(),
+        replicas=watch.replicas(), service_cores=cores,
     )
 
 
-async def run(cfg: BenchConfig) -> list[LevelResult]:
+async def run(cfg: BenchConfig, pids: dict[str, int] | None = None) -> list[LevelResult]:
+    """The levels of `cfg`; `pids` (service name -> pid) get their CPU time measured per level."""
     channels = open_channels(cfg.target, cfg.channels)
     stubs = [pb_grpc.GenerateServiceStub(c) for c in channels]
     pool = LoadPool(cfg.target, stubs, cfg.processes)
     try:
-        return await _run(cfg, pool, stubs[0])
+        return await _run(cfg, pool, stubs[0], pids)
     finally:
         pool.close()
         for channel in channels:
             await channel.close()
 
 
-async def _run(cfg: BenchConfig, pool: LoadPool, stub: pb_grpc.GenerateServiceStub
-               ) -> list[LevelResult]:
+async def _run(cfg: BenchConfig, pool: LoadPool, stub: pb_grpc.GenerateServiceStub,
+               pids: dict[str, int] | None) -> list[LevelResult]:
     vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
     server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
     # Warm the path end to end with prompts no level sends: one per replica, sent together so
@@ -176,12 +191,12 @@ async def _run(cfg: BenchConfig, pool: LoadPool, stub: pb_grpc.GenerateServiceSt
     results = []
     for level, c in enumerate(cfg.concurrencies):
         work = _workload(cfg, vocab, level)
-        results.append(await _level(pool, stub, cfg, c, work, cfg.request_rate))
+        results.append(await _level(pool, stub, cfg, c, work, cfg.request_rate, pids))
     peak = max(r.request_s for r in results)
     for level, fraction in enumerate(cfg.rate_fractions, start=len(results)):
         work = _workload(cfg, vocab, level)
         results.append(await _level(pool, stub, cfg, max(cfg.concurrencies), work,
-                                    fraction * peak))
+                                    fraction * peak, pids))
     return results
 
 
@@ -203,9 +218,30 @@ def format_table(results: list[LevelResult]) -> str:
     return "\n".join(rows) + "\n(latencies in ms; cached: share of prompt tokens from the cache)"
 
 
+def format_cores(results: list[LevelResult]) -> str:
+    """Each service's CPU during each level: cores busy (1.00: one core), and microseconds of CPU
+    per output token. Empty when no service was measured (a --target run)."""
+    names = sorted({name for r in results for name in r.service_cores})
+    if not names:
+        return ""
+    head = f"{'conc':>5} {'rate':>6} {'tok/s':>8} " + " ".join(f"{n:>20}" for n in names)
+    rows = ["service CPU per level: cores busy / us per output token", head, "-" * len(head)]
+    for r in results:
+        tokens = max(1.0, r.output_tok_s * r.duration_s)
+        cores = [r.service_cores.get(n, 0.0) for n in names]
+        cells = [f"{c:>8.2f} / {c * r.duration_s / tokens * 1e6:>9.1f}" for c in cores]
+        rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} {r.output_tok_s:>8.1f} "
+                    + " ".join(f"{c:>20}" for c in cells))
+    return "\n".join(rows)
+
+
 def format_report(results: list[LevelResult]) -> str:
-    """The table, then each level's replicas when the server reports any."""
+    """The table, each service's CPU (a --launch'ed stack), then each level's replicas when the
+    server reports any."""
     parts = [format_table(results)]
+    cores = format_cores(results)
+    if cores:
+        parts.append(f"\n{cores}")
     for r in results:
         if r.replicas:
             routing = f", routing {r.routing}" if r.routing else ""
@@ -281,8 +317,9 @@ def routing_runs(args: argparse.Namespace, cfg: BenchConfig, serve_flags: list[s
     runs = {}
     for policy in policies or [""]:
         flags = [*serve_flags, "--routing", policy] if policy else serve_flags
-        with stack(args, flags) as (target, _):
-            runs[policy] = asyncio.run(run(dataclasses.replace(cfg, target=target)))
+        with stack(args, flags) as (target, proc):
+            pids = service_pids(proc.pid) if proc is not None else None
+            runs[policy] = asyncio.run(run(dataclasses.replace(cfg, target=target), pids))
         reported = {r.routing for r in runs[policy]} - {""}
         if policy and reported - {policy}:
             print(f"asked for routing {policy}, the server reports {sorted(reported)}",

@@ -253,7 +253,7 @@ async def serve(
     NOT_SERVING, serve, drain on SIGTERM; exit 1 if the engine loop dies or hangs (watchdog)."""
     from radixserve.engine.core import EngineCore
     from radixserve.services.common.lifecycle import run_until_signal
-    from radixserve.services.scheduler import faults
+    from radixserve.services.scheduler import faults, synthetic
     from radixserve.services.scheduler.metrics import serve_metrics
 
     # The engine thread shares the interpreter with the gRPC event loop, which may run for many
@@ -266,8 +266,11 @@ async def serve(
         max_running_requests=engine_config.max_running_requests,
         watchdog_s=watchdog_s,
     )
-    # test hook; a no-op unless set
-    factory = faults.wrap_factory(lambda: EngineCore(engine_config))
+    # Benchmark and test hooks, no-ops unless their variables are set: a model-free engine that
+    # loads the services at a GPU's rate, and injected engine faults.
+    factory = (synthetic.factory_from_env(engine_config.model_path,
+                                          engine_config.max_running_requests)
+               or faults.wrap_factory(lambda: EngineCore(engine_config)))
     app = SchedulerApp(factory, detokenizer_address, config, secret)
     served = await create_server(address, app)
     if metrics_port:
