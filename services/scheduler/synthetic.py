@@ -90,10 +90,12 @@ class SyntheticEngine:
         return bool(self._waiting or self._running)
 
     def step(self) -> list[StepOutput]:
+        # Steps start at least step_s apart, as steps of a device that takes step_s each; host
+        # work between them overlaps that time, as under the real engine's overlap scheduling.
         wait = self._next_step - time.monotonic()
         if wait > 0:
-            time.sleep(wait)  # the "device" time: other threads run meanwhile
-        self._next_step = max(self._next_step, time.monotonic() - self._step_s) + self._step_s
+            time.sleep(wait)  # the device's time: the GIL is free for the other threads
+        self._next_step = time.monotonic() + self._step_s
         while self._waiting and len(self._running) < self._max_running:
             req = self._waiting.popleft()
             self._running[req.rid] = req
