@@ -12,9 +12,10 @@ next to the internal sockets), and the API key is still checked there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from importlib import metadata
 from typing import NamedTuple
 
@@ -50,11 +51,17 @@ class GenerateServicer(pb_grpc.GenerateServiceServicer):
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> None:
+        """Writes each event itself rather than yielding it. A client's cancel reaches this task
+        wherever it waits, often on a write; `aclosing` then ends `Frontend.run` (which aborts the
+        request in the scheduler) in the same task. As an async generator handler, the cancel
+        would land in grpc's write loop, outside the generator, whose cleanup then waited for the
+        generator to be finalized, several busy event-loop turns later."""
         spec = convert.generate_spec_from_pb(request)
         handle = self._frontend.open(spec)
-        async for event in self._frontend.run(handle):
-            yield convert.event_to_pb(handle.public_id, event)
+        async with contextlib.aclosing(self._frontend.run(handle)) as events:
+            async for event in events:
+                await context.write(convert.event_to_pb(handle.public_id, event))
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
