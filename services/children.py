@@ -57,6 +57,10 @@ def is_gateway(name: str) -> bool:
     return name == "gateway" or name.startswith("gateway-")
 
 
+def is_scheduler(name: str) -> bool:
+    return name == "scheduler" or name.startswith("scheduler-")
+
+
 def build_children(cfg: ServeConfig, engine_argv: list[str], sockets: str,
                    envs: list[dict[str, str]]) -> list[Child]:
     """Every child, in the order their readiness is awaited: tokenizer, detokenizers, schedulers,

@@ -44,7 +44,13 @@ from typing import NamedTuple
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from radixserve.services.children import Child, build_children, is_gateway, replica_envs
+from radixserve.services.children import (
+    Child,
+    build_children,
+    is_gateway,
+    is_scheduler,
+    replica_envs,
+)
 from radixserve.services.common.auth import API_KEY_ENV, SECRET_ENV
 from radixserve.services.common.lifecycle import PARENT_PID_ENV
 from radixserve.services.config import ServeConfig
@@ -218,11 +224,17 @@ class Supervisor:
         return None
 
     def _shutdown(self) -> None:
-        """Gateway first (it drains client streams), then the backends together."""
+        """In the order data flows back: the gateways first (they drain client streams), then the
+        schedulers, then the detokenizers and the tokenizer. A detokenizer stopped together with
+        its scheduler could cancel the scheduler's stream into it mid-step (grpc then logs the
+        cancelled handler as an error); stopped after it, it sees the stream end."""
         drain_s = self._config.gateway.drain_timeout_s
-        _terminate([p for n, p in self._procs.items() if is_gateway(n)], drain_s + STOP_GRACE_S)
-        _terminate([p for n, p in self._procs.items() if not is_gateway(n)],
-                   drain_s + STOP_GRACE_S)
+        groups = (is_gateway, is_scheduler, lambda name: True)
+        stopped: set[str] = set()
+        for belongs in groups:
+            names = [n for n in self._procs if n not in stopped and belongs(n)]
+            _terminate([self._procs[n] for n in names], drain_s + STOP_GRACE_S)
+            stopped.update(names)
 
 
 class RestartBudget:

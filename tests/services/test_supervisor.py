@@ -189,3 +189,23 @@ def test_a_dying_replica_child_is_restarted_until_its_budget_is_spent(
         assert len(spawned) == 4
         assert ("scheduler-1 exited with code 3 after 3 restarts in 600 s; stopping the others"
                 in messages)
+
+
+def test_shutdown_stops_gateways_then_schedulers_then_the_rest(monkeypatch: Any) -> None:
+    """Stopped in the order data flows back, a detokenizer outlives the scheduler streaming into
+    it, so it sees that stream end instead of cancelling it."""
+    from types import SimpleNamespace
+
+    from radixserve.services import supervisor as sv
+
+    rounds: list[list[str]] = []
+    monkeypatch.setattr(sv, "_terminate",
+                        lambda procs, timeout_s: rounds.append(sorted(p.name for p in procs)))
+    sup = sv.Supervisor.__new__(sv.Supervisor)
+    names = ["tokenizer", "detokenizer-0", "detokenizer-1", "scheduler-0", "scheduler-1",
+             "gateway-0", "gateway-1"]
+    sup._procs = {n: SimpleNamespace(name=n) for n in names}
+    sup._config = SimpleNamespace(gateway=SimpleNamespace(drain_timeout_s=1.0))
+    sup._shutdown()
+    assert rounds == [["gateway-0", "gateway-1"], ["scheduler-0", "scheduler-1"],
+                      ["detokenizer-0", "detokenizer-1", "tokenizer"]]
