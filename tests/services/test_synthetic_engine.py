@@ -78,8 +78,9 @@ def test_bench_serving_reports_each_service_cpu_on_a_synthetic_stack(
                        "--device", "cpu", "--max-running-requests", "8"])
     level = json.loads(out.read_text())["results"][0]
     assert rc == 0 and level["completed"] == 16 and level["failed"] == 0
-    # paced by the synthetic step: no token comes sooner than one step after the one before
-    assert level["tpot_ms"]["p50"] >= 9.0
+    # paced by the synthetic step (10 ms; unpaced, a token would take well under 1 ms); half a
+    # step of slack for late first tokens on a loaded machine
+    assert level["tpot_ms"]["p50"] >= 5.0
     cores = level["service_cores"]
     assert set(cores) == {"gateway", "tokenizer", "scheduler", "detokenizer"}
     assert cores["gateway"] > 0 and all(c >= 0 for c in cores.values())
