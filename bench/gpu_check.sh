@@ -14,7 +14,10 @@
 # carry it instead of the demo tokenizer, so detokenizing and grammar masks see a real vocabulary.
 #   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
 #                                        pieces-8b, long-curve, constrained, serving, serving-8b, fa,
-#                                        dp-shared
+#                                        dp-shared, abort
+#   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
+#   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
+#   abort: cancel -> freed at 256 running, through one gateway and through two (4 connections)
 #   fa: the fa and fa,flashinfer GPU tests, prefill attention of each backend (bench kernels
 #   --parts attention_prefill), and the offline workload (qwen3-0.6b) on flashinfer, fa and
 #   fa,flashinfer at pages of 256. A prefill profile on one backend, for instance:
@@ -150,6 +153,13 @@ for s in "$@"; do
 print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                  stage constrained 400 "${SUITE[@]}" --model qwen3-0.6b --parts constrained "${TOK[@]}" ;;
     serving) serving qwen3-0.6b ;;
+    abort) save_model qwen3-0.6b  # client cancel -> freed at 256 running, one gateway and two
+           for g in 1 2; do
+             stage "abort gateways=$g" 200 python3 -m radixserve.bench.abort --launch \
+               --model /tmp/models/qwen3-0.6b --running 256 --cancels 64 --output-len 4000 \
+               --channels $((g == 1 ? 1 : 4)) --json "$OUT/abort-g$g.json" -- --device cuda \
+               --gateways $g
+           done ;;
     dp-shared) dp_shared ;;
     serving-8b) serving qwen3-8b ;;
     kernels) stage kernels 300 python3 -m radixserve.bench.kernels --out "$OUT/results.jsonl" ;;
