@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -127,6 +128,16 @@ def into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
 
 def pages_per_request(seq_lens: list[int], page_size: int) -> list[int]:
     return [-(-s // page_size) for s in seq_lens]
+
+
+def last_page_lens(seq_lens: list[int], num_pages: list[int], page_size: int) -> list[int]:
+    """Tokens in each request's last page (FlashInfer's paged_kv_last_page_len)."""
+    return [s - (n - 1) * page_size for s, n in zip(seq_lens, num_pages)]
+
+
+def prefix_sums(values: list[int]) -> list[int]:
+    """[0, v0, v0 + v1, ...]: an indptr over `values`."""
+    return [0, *itertools.accumulate(values)]
 
 
 def page_indices(page_table: torch.Tensor, slots: torch.Tensor, num_pages: list[int],

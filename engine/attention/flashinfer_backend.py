@@ -23,8 +23,10 @@ from radixserve.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
     StepLayout,
+    last_page_lens,
     page_indices,
     pages_per_request,
+    prefix_sums,
 )
 
 if TYPE_CHECKING:
@@ -38,14 +40,11 @@ WORKSPACE_BYTES = 128 << 20  # FlashInfer's split-KV scratch, shared by every wr
 
 def _indptr(lengths: list[int]) -> torch.Tensor:
     """(n + 1,) int32 host prefix sums; host tensors keep FlashInfer's planning free of syncs."""
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-    return out
+    return torch.tensor(prefix_sums(lengths), dtype=torch.int32)
 
 
 def _last_page_lens(seq_lens: list[int], num_pages: list[int], page_size: int) -> torch.Tensor:
-    return torch.tensor([s - (n - 1) * page_size for s, n in zip(seq_lens, num_pages)],
-                        dtype=torch.int32)
+    return torch.tensor(last_page_lens(seq_lens, num_pages, page_size), dtype=torch.int32)
 
 
 class _Planner:

@@ -32,17 +32,18 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import itertools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from radixserve.engine.attention.base import (
     StepLayout,
+    last_page_lens,
     page_cells,
     page_indices,
     pages_at,
     pages_per_request,
+    prefix_sums,
 )
 from radixserve.engine.upload import upload_columns
 
@@ -84,10 +85,6 @@ def _params(fn: Any) -> tuple[str, ...]:
         return ()
 
 
-def _prefix(values: list[int]) -> list[int]:
-    return [0, *itertools.accumulate(values)]
-
-
 class _Inputs:
     """One step's plan inputs: host lists, the host tensors `plan` reads, the device copies."""
 
@@ -96,11 +93,11 @@ class _Inputs:
         npages = pages_per_request(seq, P)
         self.batch, self.rows = len(seq), sum(ext)
         self.max_q, self.max_kv = max(ext), max(seq)
-        qo, kv = _prefix(ext), _prefix(npages)
-        last = [s - (n - 1) * P for s, n in zip(seq, npages)]
+        qo, kv = prefix_sums(ext), prefix_sums(npages)
+        last = last_page_lens(seq, npages, P)
         # fa3 plans over token offsets (below) where pages hold more than one token
         self.token_offsets = fa3 and P != 1
-        plan_kv = _prefix(seq) if self.token_offsets else kv
+        plan_kv = prefix_sums(seq) if self.token_offsets else kv
         i32 = torch.int32
         self.qo_h = torch.tensor(qo, dtype=i32)
         self.kv_h = torch.tensor(plan_kv, dtype=i32)
