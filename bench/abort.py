@@ -92,12 +92,10 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
 
 
 def _gateways(serve_flags: list[str]) -> int:
-    for i, flag in enumerate(serve_flags):
-        if flag == "--gateways" and i + 1 < len(serve_flags):
-            return int(serve_flags[i + 1])
-        if flag.startswith("--gateways="):
-            return int(flag.split("=", 1)[1])
-    return 1
+    """The gateway processes `radixserve serve SERVE_FLAGS` starts, as serve itself parses them."""
+    from radixserve.services.cli import build_parser
+
+    return build_parser().parse_args(["serve", *serve_flags]).gateways
 
 
 def _p99(values: list[int]) -> int:
