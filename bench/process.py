@@ -12,6 +12,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,21 +53,22 @@ def stack(args: argparse.Namespace,
     if not args.launch:
         yield args.target, None
         return
-    proc, target = _launch(args.model, serve_flags)
-    try:
-        yield target, proc
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    with tempfile.TemporaryDirectory(prefix="radixserve-bench-") as scratch:
+        proc, target = _launch(args.model, serve_flags, Path(scratch) / "ready")
+        try:
+            yield target, proc
+        finally:
+            proc.terminate()
+            proc.wait(60)
 
 
-def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `radixserve serve` on a free port and wait until every child is ready (its ready
-    file: with several gateways on the port a health check reaches only one of them) and the
+def _launch(model: str, extra: list[str],
+            ready_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `radixserve serve` on a free port and wait until every child is ready (`ready_file`
+    appears: with several gateways on the port a health check reaches only one of them) and the
     gateway is SERVING with every scheduler replica (it serves as soon as one is: a level must not
     start on part of them)."""
     import socket
-    import tempfile
 
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from radixserve.v1 import generate_pb2 as pb
@@ -75,7 +77,6 @@ def _launch(model: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ready_file = Path(tempfile.mkdtemp(prefix="radixserve-bench-")) / "ready"
     argv = [sys.executable, "-m", "radixserve.services.cli", "serve", "--model", model,
             "--port", str(port), "--log-level", "WARNING", "--ready-file", str(ready_file), *extra]
     proc = subprocess.Popen(argv)
