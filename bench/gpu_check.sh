@@ -14,10 +14,12 @@
 # carry it instead of the demo tokenizer, so detokenizing and grammar masks see a real vocabulary.
 #   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
 #                                        pieces-8b, long-curve, constrained, serving, serving-8b, fa,
-#                                        dp-shared, abort
+#                                        dp-shared, abort, mixed
 #   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
 #   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
 #   abort: cancel -> freed at 256 running, through one gateway and through two (4 connections)
+#   mixed: decode steps of 128 and 256 rows, alone and each carrying one new prompt of 128 or 512
+#   tokens (bench profile --mixed), host phases split
 #   fa: the fa and fa,flashinfer GPU tests, prefill attention of each backend (bench kernels
 #   --parts attention_prefill), and the offline workload (qwen3-0.6b) on flashinfer, fa and
 #   fa,flashinfer at pages of 256. A prefill profile on one backend, for instance:
@@ -160,6 +162,8 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                --channels $((g == 1 ? 1 : 4)) --json "$OUT/abort-g$g.json" -- --device cuda \
                --gateways $g
            done ;;
+    mixed) stage mixed 300 python3 -m radixserve.bench.profile --model qwen3-0.6b --batches 128,256 \
+             --mixed 128,512 --steps 60 --host --temperature 0.6 --json "$OUT/mixed.json" ;;
     dp-shared) dp_shared ;;
     serving-8b) serving qwen3-8b ;;
     kernels) stage kernels 300 python3 -m radixserve.bench.kernels --out "$OUT/results.jsonl" ;;

@@ -11,6 +11,9 @@ graph replay, and the LM head), grammar masks, the sampling batch (build_samplin
 sampler and `inputs`, the rest: the step's own tensors, the sampled ids' write-back and the copy to
 the host. On a CPU the model and the sampler are the device work; every other column is host time.
 --temperature samples (seeded, as the offline workload does) instead of greedy decoding.
+--mixed TOKENS adds, before every timed decode step, one new prompt of TOKENS tokens that ends at
+its first sampled token: each step then carries B decode rows and that prefill, as a served
+engine's steps do while requests arrive (each count in turn, after the plain decode rows).
 --prefill TOKENS profiles one prefill step of 16 fresh prompts totalling TOKENS tokens instead:
 the top kernels by self device time, the host time of the forward launch and the step's wall time,
 then the same step timed 3 more times without the profiler, so its overhead can be told apart.
@@ -106,11 +109,17 @@ def _fill(core: EngineCore, batch: int, prompt_len: int, steps: int,
         core.step()
 
 
-def _timed_steps(core: EngineCore, steps: int,
-                 parts: _PartTimers | None = None) -> dict[str, list[float]]:
+def _timed_steps(core: EngineCore, steps: int, parts: _PartTimers | None = None,
+                 arrival: int = 0) -> dict[str, list[float]]:
+    """`arrival` > 0: a new prompt of that many tokens is queued before each step (outside the
+    timed phases) and finishes at its first token."""
     times: dict[str, list[float]] = defaultdict(list)
     in_flight, core._in_flight = core._in_flight, None  # the step core.step() left in flight
-    for _ in range(steps):
+    rng = random.Random(arrival)
+    for i in range(steps):
+        if arrival:
+            core.add_request(f"a{arrival}-{i}", [rng.randrange(10000) for _ in range(arrival)],
+                             greedy_params(1))
         t0 = time.perf_counter()
         batch = core.scheduler.schedule()
         t1 = time.perf_counter()
@@ -187,15 +196,16 @@ def _drain(core: EngineCore) -> None:
         core.step()
 
 
-def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int,
-                  trace: int, host: bool = False, temperature: float = 0.0) -> dict[str, Any]:
+def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int, trace: int,
+                  host: bool = False, temperature: float = 0.0,
+                  arrival: int = 0) -> dict[str, Any]:
     _fill(core, batch, prompt_len, steps + trace, temperature)
     if host:
         with _PartTimers(core) as parts:
-            times = _timed_steps(core, steps, parts)
+            times = _timed_steps(core, steps, parts, arrival)
     else:
-        times = _timed_steps(core, steps)
-    row: dict[str, Any] = {"batch": batch}
+        times = _timed_steps(core, steps, arrival=arrival)
+    row: dict[str, Any] = {"batch": batch, "arrival": arrival}
     row.update({f"{k}_ms": 1e3 * median(v) for k, v in times.items()})
     if trace:
         row["kernels_ms"] = _trace(core, trace, top=25)
@@ -330,26 +340,31 @@ def main(argv: list[str] | None = None) -> None:
     mode.add_argument("--prefill", default="", metavar="TOKENS[,TOKENS...]",
                       help=f"profile one prefill step of {PREFILL_REQUESTS} prompts totalling "
                            "TOKENS instead (each count in turn)")
+    mode.add_argument("--mixed", default="", metavar="TOKENS[,TOKENS...]",
+                      help="also profile decode steps that each carry one new prompt of TOKENS")
     add_engine_argument(ap)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     apply_engine_argument(ap, args)
     try:
         prefill = [int(t) for t in args.prefill.split(",")] if args.prefill else []
+        mixed = [int(t) for t in args.mixed.split(",")] if args.mixed else []
     except ValueError:
-        ap.error("--prefill takes token counts: 64,1024")
-    if any(t < 1 for t in prefill):
-        ap.error("--prefill takes positive token counts")
+        ap.error("--prefill and --mixed take token counts: 64,1024")
+    if any(t < 1 for t in prefill + mixed):
+        ap.error("--prefill and --mixed take positive token counts")
     batches = [int(b) for b in args.batches.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
     # A prefill step must hold every prompt: one slot each, and a token budget that takes them all.
     slots = max(*batches, PREFILL_REQUESTS) if prefill else max(batches)
+    slots += 2 if mixed else 0  # the arrivals of the last two steps hold a slot each
     # On a CPU the pool holds every request's whole context, so decode steps never retract.
     kv_tokens = max(65536, slots * (args.prompt_len + args.steps + args.trace + 64 + 64))
     core = build_core(write_model_dir(args.model, args.root), device=args.device,
                       max_running_requests=slots, cuda_graph=not args.no_cuda_graph,
-                      max_prefill_tokens=max([8192, *prefill]), cpu_kv_tokens=kv_tokens)
+                      max_prefill_tokens=max([8192, *prefill, *mixed]), cpu_kv_tokens=kv_tokens,
+                      **({"admission_wait_ms": 0.0} if mixed else {}))  # arrivals enter at once
     kernels: list[dict[str, Any]] = []
     title = f"decode step profile (medians): {args.model} on {device_name(args.device)}"
     try:
@@ -365,7 +380,8 @@ def main(argv: list[str] | None = None) -> None:
                      f"{device_name(args.device)}")
         else:
             rows = [profile_batch(core, b, args.prompt_len, args.steps, args.trace, args.host,
-                                  args.temperature) for b in batches]
+                                  args.temperature, arrival)
+                    for b in batches for arrival in [0, *mixed]]
     finally:
         release(core)
     if kernels:

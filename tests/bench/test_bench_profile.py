@@ -62,3 +62,22 @@ def test_profile_prefill_cli_writes_rows_and_kernels(tmp_path, capsys):
     assert {k["tokens"] for k in data["kernels"]} == {40, 24}
     printed = capsys.readouterr().out
     assert "top kernels of the profiled prefill step" in printed and "plain median" in printed
+
+
+def test_profile_mixed_steps_each_carry_one_new_prompt(tmp_path):
+    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=5,
+                      page_size=1, max_prefill_tokens=256, admission_wait_ms=0.0)
+    tokens_per_step: list[int] = []
+    forward = core.runner.forward
+
+    def spy(batch):
+        tokens_per_step.append(batch.num_tokens)
+        return forward(batch)
+
+    core.runner.forward = spy
+    row = profile.profile_batch(core, 3, prompt_len=40, steps=6, trace=0, arrival=24)
+    assert row["batch"] == 3 and row["arrival"] == 24
+    # _fill's own steps come first; every timed step holds the 3 decode rows and the new prompt.
+    assert tokens_per_step[-6:] == [3 + 24] * 6
+    assert not core.has_work()
+    core.check_integrity()
