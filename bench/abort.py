@@ -17,13 +17,18 @@ import argparse
 import json
 import random
 import re
-import socket
 import time
 import urllib.request
 from typing import Any
 
 import grpc
-from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
+from radixserve.bench.process import (
+    add_stack_args,
+    free_port_block,
+    parse_stack_args,
+    percentiles,
+    stack,
+)
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -135,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need 0 < --cancels <= --running")
     url, serve_flags = args.metrics, extra
     if args.launch:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]  # the gateway's metrics; the scheduler's is the next one
+        port = free_port_block(_gateways(extra) + 1)  # the gateways' metrics, then the scheduler's
         serve_flags = ["--max-running-requests", str(args.running), "--metrics-port", str(port),
                        *extra]
         # gateway i serves metrics on port + i, the scheduler on the port after the gateways'

@@ -8,7 +8,9 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -62,14 +64,30 @@ def stack(args: argparse.Namespace,
             proc.wait(60)
 
 
+def free_port_block(n: int) -> int:
+    """The first of `n` consecutive ports that are free now, below the kernel's ephemeral range:
+    serve gives its metrics ports one after another (gateways, then schedulers), and the ports the
+    kernel hands out for port 0 (the public one here) are often only 2 apart."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 30000 - n)
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + n):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise SystemExit(f"no {n} consecutive free ports between 20000 and 30000")
+
+
 def _launch(model: str, extra: list[str],
             ready_file: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start `radixserve serve` on a free port and wait until every child is ready (`ready_file`
     appears: with several gateways on the port a health check reaches only one of them) and the
     gateway is SERVING with every scheduler replica (it serves as soon as one is: a level must not
     start on part of them)."""
-    import socket
-
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from radixserve.v1 import generate_pb2 as pb
     from radixserve.v1 import generate_pb2_grpc as pb_grpc
