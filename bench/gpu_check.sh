@@ -19,7 +19,8 @@
 #   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
 #   abort: cancel -> freed at 256 running, through one gateway and through two (4 connections)
 #   mixed: decode steps of 128 and 256 rows, alone and each carrying one new prompt of 128 or 512
-#   tokens (bench profile --mixed), host phases split
+#   tokens (bench profile --mixed), host phases split; the decode rows of those steps through the
+#   decode kernel (split_mixed_attention, the default) and through the prefill kernel
 #   fa: the fa and fa,flashinfer GPU tests, prefill attention of each backend (bench kernels
 #   --parts attention_prefill), and the offline workload (qwen3-0.6b) on flashinfer, fa and
 #   fa,flashinfer at pages of 256. A prefill profile on one backend, for instance:
@@ -162,8 +163,11 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                --channels $((g == 1 ? 1 : 4)) --json "$OUT/abort-g$g.json" -- --device cuda \
                --gateways $g
            done ;;
-    mixed) stage mixed 300 python3 -m radixserve.bench.profile --model qwen3-0.6b --batches 128,256 \
-             --mixed 128,512 --steps 60 --host --temperature 0.6 --json "$OUT/mixed.json" ;;
+    mixed) for split in true false; do
+             stage "mixed split=$split" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
+               --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \
+               --engine split_mixed_attention=$split --json "$OUT/mixed-split-$split.json"
+           done ;;
     dp-shared) dp_shared ;;
     serving-8b) serving qwen3-8b ;;
     kernels) stage kernels 300 python3 -m radixserve.bench.kernels --out "$OUT/results.jsonl" ;;

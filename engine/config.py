@@ -65,6 +65,9 @@ class EngineConfig:
     # (piecewise_graph.py). None: max_prefill_tokens + max_running_requests on CUDA with graphs on,
     # off on CPU; 0: off; a number on CPU runs the same pieces uncaptured (tests).
     piecewise_graph_max_tokens: int | None = None
+    # Steps that carry decodes and prefill run the decode rows through the decode kernel
+    # (attention/mixed.py) with the backends that can; False: one prefill kernel for the whole step.
+    split_mixed_attention: bool = True
     load_format: LoadFormat = "auto"  # "dummy": random weights from config.json alone (benchmarks)
     # Structured output: a constraint text longer than this (UTF-8 bytes) is refused, and so is
     # one whose grammar takes longer than this to compile (the compile runs in a worker process,

@@ -122,6 +122,7 @@ class ModelRunner:
                                   device)
         self.backend = create_backend(config.attention_backend, attn.num_heads, attn.num_kv_heads,
                                       args.head_dim, device, dtype)
+        self.backend.keep_split_mixed(config.split_mixed_attention)
         note = self.backend.check_page_size(config.page_size)  # raises if it cannot serve it
         if note:
             log.warning("attention backend %s: %s", self.backend.name, note)

@@ -50,12 +50,19 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     name = ""  # the registry name (`create_backend`), used in start-up messages
+    # Whether `prepare` plans a step of decode rows and prefill as two parts, the decode rows for
+    # the decode kernel (attention/mixed.py). Backends that can set it (`keep_split_mixed`).
+    split_mixed = False
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  dtype: torch.dtype = torch.float32) -> None:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
         self.device, self.dtype = device, dtype
+
+    def keep_split_mixed(self, keep: bool) -> None:
+        """keep=False: mixed steps run as one part (EngineConfig.split_mixed_attention)."""
+        self.split_mixed = self.split_mixed and keep
 
     @abstractmethod
     def prepare(self, layout: StepLayout) -> AttentionMetadata:

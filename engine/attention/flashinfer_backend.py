@@ -4,7 +4,8 @@ KVCachePool keeps k and v as (layers, pages * P, nkv, hd); one layer's slice res
 to FlashInfer's NHD paged layout (pages, P, nkv, hd). Page ids come from the token-level page table
 (`page_indices`). Steps whose rows all add one token plan the decode kernel; any other step plans
 the causal paged prefill kernel, which also serves chunked prefill over cached prefixes (queries sit
-at the end of their request's KV, as our StepLayout defines them).
+at the end of their request's KV, as our StepLayout defines them). A step with both plans its
+leading decode rows for the decode kernel and the rest for the prefill kernel (mixed.py).
 
 Prefill steps call the planned kernel directly (flashinfer_direct.py: one plan from host lists, one
 bare call per layer into the caller's buffer) once the first prefill plan has shown, through the
@@ -28,6 +29,7 @@ from radixserve.engine.attention.base import (
     pages_per_request,
     prefix_sums,
 )
+from radixserve.engine.attention.mixed import MixedMetadata, attend_mixed, prepare_mixed
 
 if TYPE_CHECKING:
     from radixserve.engine.attention.flashinfer_direct import DirectPrefill, LayerCall
@@ -78,6 +80,8 @@ class FlashInferMetadata(AttentionMetadata):
 
 
 class FlashInferBackend(AttentionBackend):
+    split_mixed = True
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  dtype: torch.dtype = torch.bfloat16, direct: bool = True) -> None:
         """direct=False keeps prefill on the wrapper's plan and run."""
@@ -108,7 +112,11 @@ class FlashInferBackend(AttentionBackend):
     def _heads(self) -> dict[str, Any]:
         return dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
 
-    def prepare(self, layout: StepLayout) -> FlashInferMetadata:
+    def prepare(self, layout: StepLayout) -> AttentionMetadata:
+        mixed = prepare_mixed(layout, self, self) if self.split_mixed else None
+        return mixed if mixed is not None else self._prepare(layout)
+
+    def _prepare(self, layout: StepLayout) -> FlashInferMetadata:
         if self._direct is not None and not layout.is_decode:
             call = self._direct.plan(layout, self._prefill.next_pinned())
             return FlashInferMetadata(layout.out_loc, self._prefill.wrapper, call)
@@ -149,6 +157,8 @@ class FlashInferBackend(AttentionBackend):
 
     def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
                kv_pool: KVCachePool, out: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(meta, MixedMetadata):
+            return attend_mixed(q, layer_id, meta, kv_pool, out)
         assert isinstance(meta, FlashInferMetadata)
         pages = kv_pool.pages[layer_id]  # (k, v), each (pages, P, nkv, hd)
         call = meta.call

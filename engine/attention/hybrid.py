@@ -1,4 +1,5 @@
-"""Compose two backends: one for steps with prefill tokens, another for pure decode steps."""
+"""Compose two backends: one for steps with prefill tokens, another for pure decode steps. A step
+with both gives its leading decode rows to the decode backend (mixed.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
+from radixserve.engine.attention.mixed import MixedMetadata, attend_mixed, prepare_mixed
 
 if TYPE_CHECKING:
     from radixserve.engine.kvcache.pool import KVCachePool
@@ -19,10 +21,16 @@ class HybridMetadata(AttentionMetadata):
 
 
 class HybridBackend(AttentionBackend):
+    split_mixed = True
+
     def __init__(self, prefill: AttentionBackend, decode: AttentionBackend) -> None:
         super().__init__(prefill.num_heads, prefill.num_kv_heads, prefill.head_dim, prefill.device,
                          prefill.dtype)
         self.prefill, self.decode = prefill, decode
+
+    def keep_split_mixed(self, keep: bool) -> None:
+        for backend in (self, self.prefill, self.decode):
+            backend.split_mixed = backend.split_mixed and keep
 
     def check_page_size(self, page_size: int) -> str:
         notes = (self.prefill.check_page_size(page_size), self.decode.check_page_size(page_size))
@@ -31,13 +39,18 @@ class HybridBackend(AttentionBackend):
     def supports_cuda_graph(self, page_size: int) -> bool:
         return self.decode.supports_cuda_graph(page_size)  # graphs only ever run decode steps
 
-    def prepare(self, layout: StepLayout) -> HybridMetadata:
+    def prepare(self, layout: StepLayout) -> AttentionMetadata:
+        mixed = prepare_mixed(layout, self.decode, self.prefill) if self.split_mixed else None
+        if mixed is not None:
+            return mixed
         backend = self.decode if layout.is_decode else self.prefill
         inner = backend.prepare(layout)
         return HybridMetadata(inner.out_loc, backend, inner)
 
     def attend(self, q: torch.Tensor, layer_id: int, meta: AttentionMetadata,
                kv_pool: KVCachePool, out: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(meta, MixedMetadata):
+            return attend_mixed(q, layer_id, meta, kv_pool, out)
         assert isinstance(meta, HybridMetadata)
         return meta.backend.attend(q, layer_id, meta.inner, kv_pool, out)
 

@@ -17,7 +17,9 @@ import torch
 from radixserve.engine.attention import StepLayout
 from radixserve.engine.kvcache.pool import KVCachePool
 
-Kind = Literal["prefill", "chunked", "decode", "mixed"]
+# "mixed" alternates chunks and decode rows; "served" lays a step out as the scheduler does: its
+# decode rows first, then prompts and chunks
+Kind = Literal["prefill", "chunked", "decode", "mixed", "served"]
 LAYERS, LAYER = 2, 1  # run layer 1 of 2, so a backend that ignores layer_id reads the wrong slice
 
 # backend -> (the modules it can import, what the skip reason calls it)
@@ -55,7 +57,11 @@ def _lengths(kind: Kind, batch: int, page_size: int,
 
     prefix, ext = [], []
     for i in range(batch):
-        row = kind if kind != "mixed" else ("decode" if i % 2 else "chunked")
+        row = kind
+        if kind == "mixed":
+            row = "decode" if i % 2 else "chunked"
+        elif kind == "served":
+            row = "decode" if i < (batch + 1) // 2 or batch == 1 else ("prefill", "chunked")[i % 2]
         if row == "prefill":
             prefix.append(0), ext.append(rnd(1, 160))
         elif row == "decode":

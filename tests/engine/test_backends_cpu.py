@@ -17,6 +17,7 @@ import torch
 from attention_cases import LAYER, LAYERS, check_store, make_case, reference, rel_error
 from radixserve.engine.attention import StepLayout, create_backend, resolve_backend_name
 from radixserve.engine.attention.base import page_indices, pages_per_request
+from radixserve.engine.attention.mixed import MixedMetadata, split_layout
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.cuda_graph import graph_batch_sizes
 from radixserve.engine.kvcache.pool import KVCachePool
@@ -24,7 +25,7 @@ from radixserve.engine.model_runner import ModelRunner
 
 CPU = torch.device("cpu")
 NH, NKV, HD = 4, 2, 16
-KINDS = ["prefill", "chunked", "decode", "mixed"]
+KINDS = ["prefill", "chunked", "decode", "mixed", "served"]
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
@@ -47,6 +48,33 @@ def test_torch_backend_matches_float64(kind, page_size):
     out = b.forward(case.q, case.k, case.v, LAYER, b.prepare(case.layout), case.pool)
     assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
     check_store(case)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_step_of_decodes_and_prefill_splits_at_its_last_leading_decode_row(page_size):
+    """A hybrid splits a served step: its decode rows to the decode backend, the rest to the
+    prefill one, each into its own rows of the output; kept whole, the prefill backend takes
+    all. Both equal the float64 reference."""
+    case = make_case("served", 7, page_size, NH, NKV, HD, torch.float32, CPU, seed=5)
+    assert case.layout.extend_lens[:4] == [1] * 4 and min(case.layout.extend_lens[4:]) >= 1
+    d, p = split_layout(case.layout)
+    assert (d.seq_lens, p.seq_lens) == (case.seq_lens[:4], case.seq_lens[4:])
+    assert torch.equal(torch.cat([d.out_loc, p.out_loc]), case.layout.out_loc)
+    assert (d.slot_list, p.slot_list) == (None, None)
+    for keep in (True, False):
+        b = create_backend("torch,torch", NH, NKV, HD, CPU, torch.float32)
+        b.keep_split_mixed(keep)
+        meta = b.prepare(case.layout)
+        assert isinstance(meta, MixedMetadata) == keep
+        if keep:
+            assert meta.rows == 4 and meta.decode_backend is b.decode
+            assert meta.prefill_backend is b.prefill
+        out = b.forward(case.q, case.k, case.v, LAYER, meta, case.pool)
+        assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
+        check_store(case)
+    for kind in ("prefill", "decode", "mixed"):  # nothing to split: no leading decode rows, or
+        lay = make_case(kind, 5, page_size, NH, NKV, HD, torch.float32, CPU, seed=6).layout
+        assert split_layout(lay) is None  # no prefill after them
 
 
 def test_auto_is_torch_without_cuda_or_16_bit():

@@ -2,7 +2,8 @@
 
 Backends are checked against a float64 reference on fresh random inputs: relative error
 ||out - ref|| / ||ref|| under 1e-2 in bf16 (NaN never passes), ragged batches, chunked prefill over
-cached prefixes, decode, mixed steps, page sizes 1, 16 and 256 (flash-attn 2 gathers K/V at the
+cached prefixes, decode, mixed steps (and as the scheduler lays them out, decode rows first: split
+between the decode and prefill kernels), page sizes 1, 16 and 256 (flash-attn 2 gathers K/V at the
 first two and reads the paged pool at 256). The engine is checked against transformers on a
 random-weight checkpoint by the rule of docs/reliability.md #25 (test_engine_gpu.py).
 """
@@ -25,7 +26,7 @@ TOL = 1e-2  # bf16 operands
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("kind", ["prefill", "chunked", "decode", "mixed"])
+@pytest.mark.parametrize("kind", ["prefill", "chunked", "decode", "mixed", "served"])
 @pytest.mark.parametrize("batch", [1, 7])
 def test_backend_matches_float64(backend, page_size, kind, batch):
     dev = torch.device("cuda")

@@ -1,0 +1,68 @@
+"""Steps that carry decodes and prefill together: the decode rows run the decode kernel.
+
+The scheduler adds a step's decodes before its prefill chunks (`Scheduler.schedule`), so a mixed
+step's flat token axis holds D one-token rows first, then the chunks. One prefill kernel over the
+whole step does the decode rows' work badly: on an H200, Qwen3-0.6B, a step of 256 decode rows
+that also carries one 128-token prompt took 12.6 ms against 5.7 ms for the 256 rows alone
+(docs/benchmarks.md, "Mixed steps"). Split, each part is planned by the backend that runs it
+(the same backend for both, or a hybrid's two) and writes its own rows of the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
+
+if TYPE_CHECKING:
+    from radixserve.engine.kvcache.pool import KVCachePool
+
+
+@dataclass
+class MixedMetadata(AttentionMetadata):
+    rows: int  # D: the step's first D tokens are its decode rows, one per request
+    decode_backend: AttentionBackend
+    decode: AttentionMetadata  # planned for the first D requests
+    prefill_backend: AttentionBackend
+    prefill: AttentionMetadata  # planned for the rest
+
+
+def split_layout(layout: StepLayout) -> tuple[StepLayout, StepLayout] | None:
+    """(the leading one-token rows, the rest), or None where the step is not both."""
+    ext = layout.extend_lens
+    d = next((i for i, e in enumerate(ext) if e != 1), len(ext))
+    if d == 0 or d == len(ext):
+        return None
+    slots = layout.slot_list
+
+    def part(a: int, b: int | None, t0: int, t1: int | None) -> StepLayout:
+        return StepLayout(layout.slots[a:b], layout.prefix_lens[a:b], layout.seq_lens[a:b],
+                          layout.out_loc[t0:t1], layout.page_table, layout.page_size,
+                          None if slots is None else slots[a:b])
+
+    return part(0, d, 0, d), part(d, None, d, None)
+
+
+def prepare_mixed(layout: StepLayout, decode: AttentionBackend,
+                  prefill: AttentionBackend) -> MixedMetadata | None:
+    """Plan a step with decode rows and prefill as two parts; None where it is not both."""
+    parts = split_layout(layout)
+    if parts is None:
+        return None
+    d, p = parts
+    return MixedMetadata(layout.out_loc, len(d.seq_lens), decode, decode.prepare(d), prefill,
+                         prefill.prepare(p))
+
+
+def attend_mixed(q: torch.Tensor, layer_id: int, meta: MixedMetadata, kv_pool: KVCachePool,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """`AttentionBackend.attend` of a split step: q (T, nh, hd) -> (T, nh, hd), each part written
+    into its rows of `out` (contiguous, so both row ranges are too)."""
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    d = meta.rows
+    meta.decode_backend.attend(q[:d], layer_id, meta.decode, kv_pool, out[:d])
+    meta.prefill_backend.attend(q[d:], layer_id, meta.prefill, kv_pool, out[d:])
+    return out
