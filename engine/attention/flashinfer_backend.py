@@ -10,7 +10,9 @@ leading decode rows for the decode kernel and the rest for the prefill kernel (m
 Prefill steps call the planned kernel directly (flashinfer_direct.py: one plan from host lists, one
 bare call per layer into the caller's buffer) once the first prefill plan has shown, through the
 wrapper, that this FlashInfer matches what that module mirrors; otherwise, or with direct=False,
-they go through the wrapper's plan and run. Which one is logged once.
+they go through the wrapper's plan and run. Which one is logged once. Eager decode steps and the
+decode rows of mixed steps are planned by the wrapper and run through `DecodeCall` (the kernel
+call, bound once per plan) where it fits this FlashInfer, else through the wrapper's run.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from radixserve.engine.attention.base import (
 from radixserve.engine.attention.mixed import MixedMetadata, attend_mixed, prepare_mixed
 
 if TYPE_CHECKING:
-    from radixserve.engine.attention.flashinfer_direct import DirectPrefill, LayerCall
+    from radixserve.engine.attention.flashinfer_direct import DecodeCall, DirectPrefill, LayerCall
     from radixserve.engine.kvcache.pool import KVCachePool
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ class _Planner:
 @dataclass
 class FlashInferMetadata(AttentionMetadata):
     wrapper: Any  # the planned BatchPrefill/BatchDecode wrapper
-    call: LayerCall | None = None  # a prefill step planned directly: its per-layer kernel call
+    call: LayerCall | None = None  # the per-layer kernel call, where bound (else wrapper.run)
 
 
 class FlashInferBackend(AttentionBackend):
@@ -84,7 +86,7 @@ class FlashInferBackend(AttentionBackend):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  dtype: torch.dtype = torch.bfloat16, direct: bool = True) -> None:
-        """direct=False keeps prefill on the wrapper's plan and run."""
+        """direct=False keeps prefill on the wrapper's plan and run, and eager decode on its run."""
         import flashinfer
 
         if dtype not in (torch.bfloat16, torch.float16):
@@ -101,6 +103,7 @@ class FlashInferBackend(AttentionBackend):
         # Prefill kernels called directly: decided at the first prefill plan (_form_direct).
         self._direct: DirectPrefill | None = None
         self._direct_decided = not direct
+        self._decode_call: DecodeCall | None = self._form_decode_call() if direct else None
 
     @property
     def prefill_path(self) -> str:
@@ -128,14 +131,39 @@ class FlashInferBackend(AttentionBackend):
         if layout.is_decode:
             planner = self._decode
             planner.plan(kv_indptr, indices, last, nh, nkv, hd, P, **self._heads())
-        else:
-            planner = self._prefill
-            planner.plan(_indptr(layout.extend_lens), kv_indptr, indices, last, nh, nkv, hd, P,
-                         causal=True, **self._heads())
-            if not self._direct_decided:
-                self._direct_decided = True
-                self._direct = self._form_direct(layout)
+            return FlashInferMetadata(layout.out_loc, planner.wrapper, self._bind_decode())
+        planner = self._prefill
+        planner.plan(_indptr(layout.extend_lens), kv_indptr, indices, last, nh, nkv, hd, P,
+                     causal=True, **self._heads())
+        if not self._direct_decided:
+            self._direct_decided = True
+            self._direct = self._form_direct(layout)
         return FlashInferMetadata(layout.out_loc, planner.wrapper)
+
+    def _form_decode_call(self) -> DecodeCall | None:
+        from radixserve.engine.attention.flashinfer_direct import DecodeCall, Unsupported
+
+        try:
+            return DecodeCall(self._decode.wrapper, self.num_heads, self.scale)
+        except Unsupported as e:
+            self._decode_unsupported(e)
+            return None
+
+    def _bind_decode(self) -> LayerCall | None:
+        from radixserve.engine.attention.flashinfer_direct import Unsupported
+
+        if self._decode_call is None:
+            return None
+        try:
+            return self._decode_call.bind()
+        except Unsupported as e:
+            self._decode_call = None
+            self._decode_unsupported(e)
+            return None
+
+    def _decode_unsupported(self, e: Exception) -> None:
+        log.warning("flashinfer %s: eager decode runs through the wrapper's run, the direct "
+                    "kernel call does not fit it: %s", getattr(self._fi, "__version__", "?"), e)
 
     def _form_direct(self, layout: StepLayout) -> DirectPrefill | None:
         """The direct prefill path, checked against the wrapper's plan of `layout` just made; None

@@ -1,4 +1,5 @@
 """FlashInfer's paged prefill kernel without the wrapper: a plan per step, a bare call per layer.
+(`DecodeCall`, at the end, does the same for the decode kernel's run, after the wrapper's plan.)
 
 `BatchPrefillWithPagedKVCacheWrapper.run` re-derives on every call what a step holds constant (dtype
 and shape checks, unpacking the KV tuple, the mask mode, scale defaults and, on the fa3 backend, a
@@ -60,6 +61,11 @@ PAGED_RUN_PARAMS = (
     "workspace_size", "num_qo_heads", "num_kv_heads", "block_tables", "kv_lens_buffer",
     "page_size", "max_q_len", "max_kv_len", "batch_size", "cum_seq_lens_q", "cum_seq_lens_kv",
     "sinks")
+DECODE_RUN_PARAMS = (
+    "float_workspace_buffer", "int_workspace_buffer", "plan_info_vec", "q", "paged_k_cache",
+    "paged_v_cache", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len", "o",
+    "maybe_lse", "kv_layout_code", "window_left", "enable_pdl", "alibi_slopes", "logits_soft_cap",
+    "sm_scale", "rope_scale", "rope_theta")
 TO_OFFSETS_PARAMS = ("block_sparse_indices", "block_sparse_indptr", "vector_sparse_offsets",
                      "vector_sparse_indptr", "kv_lens", "stride_block", "stride_n", "block_size")
 
@@ -253,3 +259,50 @@ class DirectPrefill:
         for name, mine, theirs in pairs:
             if mine.dtype != theirs.dtype or not torch.equal(mine, theirs):
                 raise Unsupported(f"the wrapper's {name} differ from ours")
+
+
+class DecodeCall:
+    """The kernel call of `BatchDecodeWithPagedKVCacheWrapper.run` (CUDA cores, no JIT module,
+    NHD), its arguments bound once per plan: the wrapper's `run` re-checks dtypes and shapes and
+    unpacks the KV pages on each of a step's layers, which in a mixed step (attention/mixed.py)
+    cost more host time than the kernels. The wrapper still plans. Raises Unsupported where the
+    wrapper or its module differ from FlashInfer 0.5.3's."""
+
+    def __init__(self, wrapper: Any, num_qo_heads: int, sm_scale: float) -> None:
+        w = wrapper
+        if _attr(w, "_backend") == "trtllm-gen" or _attr(w, "_use_tensor_cores"):
+            raise Unsupported("the decode wrapper runs the prefill kernels (tensor cores)")
+        if _attr(w, "_jit_module") is not None:
+            raise Unsupported("the decode wrapper runs a custom JIT module")
+        if _attr(w, "_kv_layout") != "NHD":
+            raise Unsupported(f"KV layout {w._kv_layout}")
+        self._wrapper = w
+        fi_utils = importlib.import_module("flashinfer.utils")
+        self._layout = _attr(fi_utils, "TensorLayout")["NHD"].value
+        device = _attr(w, "device")
+        self._enable_pdl = bool(_attr(fi_utils, "device_support_pdl")(device))
+        self._alibi = _attr(fi_utils, "_get_cache_alibi_slopes_buf")(num_qo_heads, device)
+        self.sm_scale = sm_scale
+        self._checked: Any = None  # the module whose run was last checked
+
+    def bind(self) -> LayerCall:
+        """The call that runs one layer of the wrapper's latest plan."""
+        w = self._wrapper
+        module = _attr(w, "_cached_module")
+        fn = _attr(module, "run")
+        if module is not self._checked:  # a module per plan's dtypes and head dims
+            if _params(fn) != DECODE_RUN_PARAMS:
+                raise Unsupported(f"the decode module's run takes {_params(fn)}, not the "
+                                  "parameters of FlashInfer 0.5.3")
+            self._checked = module
+        head = (_attr(w, "_float_workspace_buffer"), _attr(w, "_int_workspace_buffer"),
+                _attr(w, "_plan_info"))
+        mid = (_attr(w, "_paged_kv_indptr_buf"), _attr(w, "_paged_kv_indices_buf"),
+               _attr(w, "_paged_kv_last_page_len_buf"))
+        tail = (None, self._layout, WINDOW_LEFT, self._enable_pdl, self._alibi,
+                0.0, self.sm_scale, ROPE_SCALE, ROPE_THETA)  # lse, ..., logits soft cap
+
+        def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+            fn(*head, q, k, v, *mid, out, *tail)
+
+        return call

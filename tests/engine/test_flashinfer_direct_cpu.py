@@ -1,4 +1,5 @@
-"""The direct FlashInfer prefill path's plumbing on CPU, against a stand-in FlashInfer.
+"""The direct FlashInfer prefill path's plumbing on CPU, against a stand-in FlashInfer (and the
+decode kernel's bound call, `DecodeCall`, against a stand-in decode wrapper).
 
 The stand-in's wrapper plans as BatchPrefillWithPagedKVCacheWrapper.plan does for the backend's one
 configuration, and its `paged_run` computes causal paged attention from the arguments it is given,
@@ -22,7 +23,9 @@ from attention_cases import LAYER, make_case, reference, rel_error
 from radixserve.engine.attention import flashinfer_direct
 from radixserve.engine.attention.base import page_cells, page_indices, pages_at, pages_per_request
 from radixserve.engine.attention.flashinfer_direct import (
+    DECODE_RUN_PARAMS,
     PAGED_RUN_PARAMS,
+    DecodeCall,
     DirectPrefill,
     Unsupported,
 )
@@ -238,3 +241,78 @@ def test_page_cells_find_the_page_ids(kind, page_size):
     cells = page_cells(lay.slot_list, npages, lay.page_table.size(1), page_size)
     got = pages_at(lay.page_table, torch.from_numpy(cells), page_size)
     assert torch.equal(got, page_indices(lay.page_table, lay.slots, npages, page_size))
+
+
+class FakeDecodeWrapper:
+    """BatchDecodeWithPagedKVCacheWrapper's state after plan() (CUDA cores, NHD); its module's
+    run attends from its arguments, read by parameter name."""
+
+    def __init__(self) -> None:
+        self._backend, self._use_tensor_cores, self._jit_module = "fa2", False, None
+        self._kv_layout, self.device = "NHD", CPU
+        self._float_workspace_buffer = torch.zeros(64, dtype=torch.uint8)
+        self._int_workspace_buffer = torch.zeros(64, dtype=torch.uint8)
+        self.runs = 0
+
+        def run(*args):
+            a = dict(zip(DECODE_RUN_PARAMS, args, strict=True))
+            assert a["float_workspace_buffer"] is self._float_workspace_buffer
+            assert a["int_workspace_buffer"] is self._int_workspace_buffer
+            assert a["plan_info_vec"] is self._plan_info and a["maybe_lse"] is None
+            assert a["kv_layout_code"] == TensorLayout.NHD.value and a["window_left"] == -1
+            assert a["logits_soft_cap"] == 0.0 and (a["rope_scale"], a["rope_theta"]) == (1.0, 1e4)
+            q, k, v, o = a["q"], a["paged_k_cache"], a["paged_v_cache"], a["o"]
+            P, indptr = k.size(1), a["paged_kv_indptr"].tolist()
+            k_flat, v_flat = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
+            for b in range(q.size(0)):
+                pages = a["paged_kv_indices"][indptr[b] : indptr[b + 1]].long()
+                n = (len(pages) - 1) * P + int(a["paged_kv_last_page_len"][b])
+                locs = (pages[:, None] * P + torch.arange(P)).flatten()[:n]
+                group = q.size(1) // k.size(2)
+                K = k_flat[locs].double().repeat_interleave(group, 1)
+                V = v_flat[locs].double().repeat_interleave(group, 1)
+                s = torch.einsum("hd,khd->hk", q[b].double(), K) * a["sm_scale"]
+                o[b] = torch.einsum("hk,khd->hd", s.softmax(-1), V).to(o.dtype)
+            self.runs += 1
+
+        run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+             for n in DECODE_RUN_PARAMS])
+        self._cached_module = types.SimpleNamespace(run=run)
+
+    def plan(self, layout) -> None:
+        P, seq = layout.page_size, layout.seq_lens
+        npages = pages_per_request(seq, P)
+        self._paged_kv_indptr_buf = torch.tensor([0, *np.cumsum(npages)], dtype=torch.int32)
+        self._paged_kv_indices_buf = page_indices(layout.page_table, layout.slots, npages, P)
+        self._paged_kv_last_page_len_buf = torch.tensor(
+            [s - (n - 1) * P for s, n in zip(seq, npages)], dtype=torch.int32)
+        self._plan_info = [len(seq)]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_call_attends_from_the_wrappers_plan(fake_flashinfer, page_size):
+    w = FakeDecodeWrapper()
+    call = DecodeCall(w, NH, HD**-0.5)
+    for seed in (1, 2):  # each plan bound anew: the second call reads the second plan's buffers
+        case = _case("decode", page_size, seed)
+        w.plan(case.layout)
+        out = torch.full_like(case.q, float("nan"))
+        k, v = case.pool.pages[LAYER]
+        call.bind()(case.q, k, v, out)
+        assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
+    assert w.runs == 2
+
+
+def test_decode_call_refuses_what_it_does_not_mirror(fake_flashinfer):
+    for change, match in [(("_use_tensor_cores", True), "tensor cores"),
+                          (("_jit_module", object()), "JIT"), (("_kv_layout", "HND"), "HND")]:
+        w = FakeDecodeWrapper()
+        setattr(w, *change)
+        with pytest.raises(Unsupported, match=match):
+            DecodeCall(w, NH, 1.0)
+    w = FakeDecodeWrapper()
+    call = DecodeCall(w, NH, 1.0)
+    w._cached_module = types.SimpleNamespace(run=lambda q, out: None)
+    with pytest.raises(Unsupported, match="decode module's run takes"):
+        call.bind()

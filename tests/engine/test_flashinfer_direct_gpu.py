@@ -4,7 +4,8 @@ on a CUDA device (skipped elsewhere or without flashinfer).
 The direct path must give the wrapper's output bit for bit: the same kernel with the same plan and
 arguments. Layouts of several requests: fresh prompts, chunks after cached page-aligned prefixes,
 and chunks beside decode rows; page sizes 1 and 16 (on the fa3 backend, page ids become token
-offsets once per step instead of once per layer: two layers are checked against one plan).
+offsets once per step instead of once per layer: two layers are checked against one plan). The
+decode kernel's bound call (`DecodeCall`) likewise equals the decode wrapper's run.
 """
 
 from __future__ import annotations
@@ -75,11 +76,23 @@ def _check_wrapper_path(b, kind: str = "mixed") -> None:
         assert rel_error(out, reference(case, HD**-0.5)) < TOL
 
 
-def test_decode_steps_keep_the_wrapper():
-    b = _backend()
-    b.prepare(_case("chunked", 16, 1, True).layout)
-    assert b.prefill_path == "direct"
-    _check_wrapper_path(b, "decode")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_call_equals_wrapper_run(page_size):
+    """Eager decode steps (and a mixed step's decode rows) run the decode kernel through
+    `DecodeCall`: the wrapper's plan, the kernel called with its arguments bound once."""
+    direct, wrapped = _backend(), _backend(direct=False)
+    for seed in range(3):
+        case = _case("decode", page_size, 200 + seed, True)
+        ours, theirs = direct.prepare(case.layout), wrapped.prepare(case.layout)
+        assert ours.call is not None and theirs.call is None
+        for layer in (LAYER, 0):
+            out = torch.full_like(case.q, float("nan"))
+            assert direct.attend(case.q, layer, ours, case.pool, out=out) is out
+            want = wrapped.attend(case.q, layer, theirs, case.pool)
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), f"decode P={page_size} layer {layer}"
+        err = rel_error(direct.attend(case.q, LAYER, ours, case.pool), reference(case, HD**-0.5))
+        assert err < TOL, f"decode P={page_size}: relative error {err:.2e}"
 
 
 def test_fallback_when_forced(caplog):
