@@ -64,15 +64,20 @@ class _PartTimers:
         if r.pieces is not None:
             self.spots.append((r.pieces, "run", "model"))
         self.totals: dict[str, float] = defaultdict(float)
+        self._inside: dict[str, bool] = defaultdict(bool)
         self._saved: list[tuple[Any, str, Any, bool]] = []
 
     def _wrap(self, fn: Any, label: str) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._inside[label]:  # a part that calls itself (a mixed step's two plans)
+                return fn(*args, **kwargs)
+            self._inside[label] = True
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.totals[label] += time.perf_counter() - t0
+                self._inside[label] = False
         return timed
 
     def take(self) -> dict[str, float]:
