@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from importlib import metadata
 from typing import NamedTuple
 
@@ -27,7 +27,6 @@ from radixserve.services.gateway.frontend import Frontend, FrontendConfig
 from radixserve.services.gateway.links import BackendAddresses, Links
 from radixserve.services.gateway.metrics import GatewayMetrics
 from radixserve.services.gateway.routing import RoutingConfig
-from radixserve.services.gateway.types import Event
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -44,14 +43,6 @@ def _version() -> str:
         return "0+unknown"
 
 
-async def _write_all(
-    events: AsyncGenerator[Event, None], public_id: str, context: grpc.aio.ServicerContext
-) -> None:
-    async with contextlib.aclosing(events):
-        async for event in events:
-            await context.write(convert.event_to_pb(public_id, event))
-
-
 class GenerateServicer(pb_grpc.GenerateServiceServicer):
     def __init__(self, frontend: Frontend, routing: str) -> None:
         self._frontend = frontend
@@ -61,31 +52,16 @@ class GenerateServicer(pb_grpc.GenerateServiceServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        """Writes each event itself rather than yielding it, in one task per call that grpc's
-        cancel does not reach. grpc.aio frees a write's native parts (its op array, the message's
-        buffer) only after the write's await returns, so a cancel that lands on a pending write
-        loses them: about 0.5 KB a cancelled stream (grpc/grpc#43360). On a cancel, `Frontend.run`
-        (whose `finally` aborts the request in the scheduler) is ended at once: closed here if the
-        task is in a write, which is left to end by itself (the call is over, so it fails
-        promptly), or through the task's cancel if it waits for the next event. As an async
-        generator handler, the cancel would land in grpc's write loop, outside the generator,
-        whose cleanup then waited for the generator to be finalized, several busy event-loop turns
-        later."""
+        """Writes each event itself rather than yielding it. A client's cancel reaches this task
+        wherever it waits, often on a write; `aclosing` then ends `Frontend.run` (which aborts the
+        request in the scheduler) in the same task. As an async generator handler, the cancel
+        would land in grpc's write loop, outside the generator, whose cleanup then waited for the
+        generator to be finalized, several busy event-loop turns later."""
         spec = convert.generate_spec_from_pb(request)
         handle = self._frontend.open(spec)
-        events = self._frontend.run(handle)
-        writer = asyncio.create_task(_write_all(events, handle.public_id, context))
-        try:
-            await asyncio.shield(writer)  # its errors (ServiceError, ...) reach the interceptor
-        except asyncio.CancelledError:
-            if events.ag_running:  # waiting for the next event
-                writer.cancel()
-            else:  # in a write (or done): no further event is taken
-                await events.aclose()
-            # What the task raises now (the failed write) is the end of a call already gone.
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await writer
-            raise
+        async with contextlib.aclosing(self._frontend.run(handle)) as events:
+            async for event in events:
+                await context.write(convert.event_to_pb(handle.public_id, event))
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
