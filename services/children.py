@@ -76,8 +76,10 @@ def build_children(cfg: ServeConfig, engine_argv: list[str], sockets: str,
         detok_addr, sched_addr = f"unix:{sockets}/{detok}.sock", f"unix:{sockets}/{sched}.sock"
         metrics = ["--metrics-port", str(cfg.metrics_port + cfg.gateways + i)] \
             if cfg.metrics_port else []
-        detokenizers.append(Child(detok, [*cli, "detokenizer", *model, "--address", detok_addr],
-                                  detok_addr, replica))
+        interval = ["--stream-interval", str(cfg.stream_interval)] \
+            if cfg.stream_interval > 1 else []
+        detokenizers.append(Child(detok, [*cli, "detokenizer", *model, "--address", detok_addr,
+                                          *interval], detok_addr, replica))
         schedulers.append(Child(sched, [*cli, "scheduler", *model, "--address", sched_addr,
                                         "--detokenizer-addr", detok_addr, *engine_argv,
                                         "--watchdog-timeout", str(cfg.watchdog_timeout_s),

@@ -193,6 +193,13 @@ def routing_config(args: argparse.Namespace) -> Any:
         raise SystemExit(f"radixserve: {exc}") from None
 
 
+def _add_stream_interval(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stream-interval", type=int, default=1, metavar="N",
+                   help="send each stream's tokens in messages of N (its first token and its "
+                        "finish at once): fewer writes per token through the gateway, at the "
+                        "cost of tokens arriving N at a time (default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -214,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateways", type=int, default=1,
                    help="gateway processes sharing the public port (the kernel spreads client "
                         "connections over them); each fronts every replica")
+    _add_stream_interval(p)
     _add_routing(p)
     _add_security(p)
     _add_watchdog(p)
@@ -239,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=f"the {name} service")
         _add_model(p)
         p.add_argument("--address", default=address)
+        if name == "detokenizer":
+            _add_stream_interval(p)
 
     p = sub.add_parser("scheduler", help="the engine behind its batching loop")
     _add_model(p)
@@ -335,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 public=public, log_level=args.log_level,
                 watchdog_timeout_s=args.watchdog_timeout, dp_size=args.dp_size,
                 gateways=args.gateways, routing=routing_config(args), ready_file=args.ready_file,
+                stream_interval=args.stream_interval,
             )
             supervisor = Supervisor(serve_config, engine_argv(engine))  # places the replicas
         except ValueError as exc:
@@ -366,7 +377,10 @@ async def _serve_one(args: argparse.Namespace) -> int:
     if args.command == "detokenizer":
         from radixserve.services.detokenizer.server import serve as serve_detokenizer
 
-        return await serve_detokenizer(args.address, model_path, secret)
+        if args.stream_interval < 1:
+            raise SystemExit(f"radixserve detokenizer: --stream-interval must be >= 1, got "
+                             f"{args.stream_interval}")
+        return await serve_detokenizer(args.address, model_path, secret, args.stream_interval)
     from radixserve.services.scheduler.server import serve as serve_scheduler
 
     engine = engine_config(args, model_path)

@@ -37,6 +37,7 @@ class ServeConfig:
     # Written (the public address) once every child is ready, removed at exit: what scripts and
     # exec probes wait on. A health check reaches one gateway only when several share the port.
     ready_file: str | None = None
+    stream_interval: int = 1  # tokens per message of a stream after its first (the detokenizers)
 
     def __post_init__(self) -> None:
         # The supervisor checks the gateway's health on this port, so it must be a real one.
@@ -46,6 +47,8 @@ class ServeConfig:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
         if self.gateways < 1:
             raise ValueError(f"gateways must be >= 1, got {self.gateways}")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream interval must be >= 1, got {self.stream_interval}")
         # The gateways and then the schedulers take consecutive ports from metrics_port.
         top = 65536 - self.gateways - self.dp_size + 1
         if self.metrics_port is not None and not 0 < self.metrics_port < top:

@@ -26,8 +26,9 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DetokenizerService"].full_name
 
 
 class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
-    def __init__(self, factory: DetokenizerFactory) -> None:
+    def __init__(self, factory: DetokenizerFactory, stream_interval: int = 1) -> None:
         self._factory = factory
+        self._stream_interval = stream_interval
         self._states: set[DetokenizerState] = set()
         # Each gateway's queue, and the subscriber name it gave ("" for every delta).
         self._subscribers: dict[asyncio.Queue[pb.SubscribeResponse], str] = {}
@@ -42,7 +43,7 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         self, request_iterator: AsyncIterator[pb.ProcessRequest], context: grpc.aio.ServicerContext
     ) -> None:
         loop = asyncio.get_running_loop()
-        state = DetokenizerState(self._factory)
+        state = DetokenizerState(self._factory, self._stream_interval)
         self._states.add(state)
         await context.send_initial_metadata(())  # lets the client's wait_for_connection return
         log.info("scheduler stream opened")
@@ -123,13 +124,15 @@ class Served(NamedTuple):
 
 
 async def create_server(
-    address: str, factory: DetokenizerFactory, secret: str | None = None
+    address: str, factory: DetokenizerFactory, secret: str | None = None,
+    stream_interval: int = 1,
 ) -> Served:
-    """Build (not start) the detokenizer server on `address`; port 0 picks a free port."""
+    """Build (not start) the detokenizer server on `address`; port 0 picks a free port.
+    `stream_interval`: tokens per delta of a stream after its first (state.py)."""
     server = rpc.create_aio_server(
         [*auth.interceptors(secret), ErrorInterceptor()], rpc.INTERNAL_SERVER_OPTIONS
     )
-    servicer = DetokenizerServicer(factory)
+    servicer = DetokenizerServicer(factory, stream_interval)
     pb_grpc.add_DetokenizerServiceServicer_to_server(servicer, server)
     health = rpc.Health(server, [SERVICE_NAME])
     rpc.enable_reflection(server, [SERVICE_NAME])
@@ -139,14 +142,15 @@ async def create_server(
 
 
 async def serve(
-    address: str, model_path: str, secret: str | None = None, stop_grace_s: float = 5.0
+    address: str, model_path: str, secret: str | None = None, stream_interval: int = 1,
+    stop_grace_s: float = 5.0,
 ) -> int:
     """Entry point of `radixserve detokenizer`: load the tokenizer, serve, drain on SIGTERM."""
     from radixserve.services.common.lifecycle import run_until_signal
     from transformers import AutoTokenizer
 
     factory = hf_factory(AutoTokenizer.from_pretrained(model_path))
-    served = await create_server(address, factory, secret)
+    served = await create_server(address, factory, secret, stream_interval)
     await served.server.start()
     log.info("detokenizer listening on %s", address)
     return await run_until_signal(served.server, served.health.shutdown, stop_grace_s=stop_grace_s)

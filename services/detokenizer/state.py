@@ -2,6 +2,11 @@
 
 State lives from a request's setup until its finish, its abort, or the end of the scheduler's
 stream, whichever comes first; nothing else keeps it alive, so an idle service holds none.
+
+With a stream interval of N > 1, a request's deltas after its first are joined and sent once N
+tokens have piled up, or at its finish: the gateways then write one message for N tokens, the
+served plane's main cost per token (docs/benchmarks.md, "Stream interval"). Stop strings are
+still matched token by token, so a request ends exactly where it did.
 """
 
 from __future__ import annotations
@@ -90,13 +95,18 @@ class _Live:
     completion_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    started: bool = False  # its first delta went out
+    held: Delta | None = None  # deltas joined while fewer than the interval's tokens piled up
 
 
 class DetokenizerState:
     """Owns every live request of one scheduler stream."""
 
-    def __init__(self, factory: DetokenizerFactory) -> None:
+    def __init__(self, factory: DetokenizerFactory, stream_interval: int = 1) -> None:
+        if stream_interval < 1:
+            raise ValueError(f"stream interval must be >= 1, got {stream_interval}")
         self._factory = factory
+        self._interval = stream_interval
         self._live: dict[str, _Live] = {}
 
     def __len__(self) -> int:
@@ -114,12 +124,27 @@ class DetokenizerState:
             if live is None:
                 continue  # already finished on a stop string; the engine ran one step further
             delta, stopped = self._advance(live, out)
-            deltas.append(delta)
             if delta.finish is not None:
                 del self._live[out.rid]
                 if stopped and out.finish_reason is None:
                     abort_ids.append(out.rid)
+            due = self._due(live, delta)
+            if due is not None:
+                deltas.append(due)
         return StepResult(deltas, abort_ids)
+
+    def _due(self, live: _Live, delta: Delta) -> Delta | None:
+        """The delta to send now, joined with what was held, or None while it is held."""
+        if self._interval == 1:
+            return delta
+        if live.held is not None:
+            delta = _join(live.held, delta)
+            live.held = None
+        if delta.finish is None and live.started and len(delta.token_ids) < self._interval:
+            live.held = delta
+            return None
+        live.started = True
+        return delta
 
     def reset(self) -> None:
         self._live.clear()
@@ -156,3 +181,9 @@ class DetokenizerState:
             live.cached_tokens,
         )
 
+
+
+def _join(a: Delta, b: Delta) -> Delta:
+    """One delta for two consecutive ones of a request: tokens, text and logprobs in order."""
+    return Delta(a.rid, [*a.token_ids, *b.token_ids], a.text + b.text,
+                 [*a.logprobs, *b.logprobs], b.finish, b.subscriber)

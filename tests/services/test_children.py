@@ -53,6 +53,7 @@ def test_two_replicas_pair_schedulers_with_detokenizers() -> None:
         assert args.metrics_port == 9401 + i
         assert dict(sched.env) == envs[i] and not detok.env
         assert _parse(detok).address == detok.address
+        assert _parse(detok).stream_interval == 1
     assert by_name["tokenizer"].replica is None and by_name["gateway"].replica is None
 
     gateway = _parse(by_name["gateway"])
@@ -82,6 +83,16 @@ def test_gateways_share_the_port_and_are_probed_each_on_its_own_socket() -> None
     assert [a.metrics_port for a in schedulers] == [9402, 9403]  # after the gateways'
     one = [c for c in build_children(_config(), [], "/run/s", [{}]) if is_gateway(c.name)]
     assert [c.name for c in one] == ["gateway"] and not _parse(one[0]).reuse_port
+
+
+def test_every_detokenizer_takes_the_stream_interval() -> None:
+    from radixserve.services.children import build_children
+
+    children = build_children(_config(dp_size=2, stream_interval=4), [], "/run/s", [{}, {}])
+    detoks = [_parse(c) for c in children if c.name.startswith("detokenizer")]
+    assert [d.stream_interval for d in detoks] == [4, 4]
+    with pytest.raises(ValueError, match="stream interval must be >= 1"):
+        _config(stream_interval=0)
 
 
 def test_one_replica_keeps_the_single_names() -> None:
