@@ -17,6 +17,7 @@
 #                                        dp-shared, abort, mixed
 #   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
 #   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
+#   and with tokens sent two at a time: SERVING_FLAGS="--stream-interval 2" bash bench/gpu_check.sh serving
 #   abort: cancel -> freed at 256 running, through one gateway and through two (4 connections)
 #   mixed: decode steps of 128 and 256 rows, alone and each carrying one new prompt of 128 or 512
 #   tokens (bench profile --mixed), host phases split; the decode rows of those steps through the
