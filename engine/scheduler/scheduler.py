@@ -77,8 +77,12 @@ class Scheduler:
     def reserved_pages(self) -> int:
         return sum(self._pages_still_needed(r) for r in self.running)
 
-    def available_pages(self) -> int:
-        return self.allocator.num_free + self.cache.sizes().evictable_pages - self.reserved_pages()
+    def available_pages(self, reserved: int | None = None) -> int:
+        """Pages free or evictable that no running request has reserved; `reserved`: the
+        running requests' reservations where the caller has summed them."""
+        if reserved is None:
+            reserved = self.reserved_pages()
+        return self.allocator.num_free + self.cache.sizes().evictable_pages - reserved
 
     def _obtainable(self) -> int:
         return self.allocator.num_free + self.cache.sizes().evictable_pages
@@ -104,11 +108,20 @@ class Scheduler:
             if budget > 0 and req.status is ReqStatus.RUNNING:  # not retracted by an earlier chunk
                 budget -= self._prefill_chunk(req, batch, budget)
         admit = self.waiting and not self._retracted_this_step and self._admission_due(budget)
+        # The running requests' reservations, summed once per step (a sum over every running
+        # request per admission made a burst of arrivals cost O(running x arrivals)); each
+        # admission adds its own, and a retraction (it frees some) has it summed again.
+        reserved: int | None = None
         while admit and budget > 0 and self.waiting and self.table.num_free_slots > 0:
             req = self._next_waiting()
-            if req is None or not self._admit(req):
+            if req is None:
+                break
+            if reserved is None or self._retracted_this_step:
+                reserved = self.reserved_pages()
+            if not self._admit(req, reserved):
                 break
             budget -= self._prefill_chunk(req, batch, budget)
+            reserved += self._pages_still_needed(req)
         return batch if len(batch) else None
 
     def _admission_due(self, budget: int) -> bool:
@@ -147,13 +160,13 @@ class Scheduler:
         P = self.page_size
         return lead.status is ReqStatus.RUNNING and lead.cache_len >= lead.prompt_len // P * P
 
-    def _admit(self, req: Req) -> bool:
+    def _admit(self, req: Req, reserved: int) -> bool:
         ids = req.known_ids()  # the prompt, plus the outputs of a retracted request
         # Match all but the last token: a fully cached prefill still computes one token and samples.
         match = self.cache.match(ids[:-1])
         self.cache.lock(match.handle)
         need = self._planned_pages(req, len(ids)) - match.length // self.page_size
-        if need > self.available_pages():
+        if need > self.available_pages(reserved):
             self.cache.unlock(match.handle)
             return False
         self.waiting.remove(req)

@@ -54,7 +54,9 @@ def test_pressure_keeps_greedy_outputs(path, make_llm, greedy_reference, overlap
         llm = make_llm(path, num_pages=num_pages, page_size=page_size, cache=cache, overlap=overlap,
                        admission=admission)
         in_flight = watch_retractions(llm.core.scheduler)
+        sums = watch_reservations(llm.core.scheduler)
         assert ids(llm.generate(prompts, p)) == expected, admission
+        assert sums and all(sums), "the reservations a step keeps must equal their sum"
         retractions = llm.core.stats()["retractions_total"]
         if admission == "optimistic":
             assert retractions > 0
@@ -62,6 +64,20 @@ def test_pressure_keeps_greedy_outputs(path, make_llm, greedy_reference, overlap
             assert any(in_flight) == overlap
         else:
             assert retractions == 0
+
+
+def watch_reservations(scheduler) -> list[bool]:
+    """Per admission: whether the reservation total the step keeps (summed once, then one
+    admission at a time) equals the running requests' reservations summed afresh."""
+    checks: list[bool] = []
+    admit = scheduler._admit
+
+    def wrapped(req, reserved):
+        checks.append(reserved == scheduler.reserved_pages())
+        return admit(req, reserved)
+
+    scheduler._admit = wrapped
+    return checks
 
 
 def watch_retractions(scheduler) -> list[int]:
