@@ -140,11 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need 0 < --cancels <= --running")
     url, serve_flags = args.metrics, extra
     if args.launch:
-        port = free_port_block(_gateways(extra) + 1)  # the gateways' metrics, then the scheduler's
+        gateways = _gateways(extra)
+        port = free_port_block(gateways + 1)  # the gateways' metrics, then the scheduler's
         serve_flags = ["--max-running-requests", str(args.running), "--metrics-port", str(port),
                        *extra]
         # gateway i serves metrics on port + i, the scheduler on the port after the gateways'
-        url = f"http://127.0.0.1:{port + _gateways(extra)}/metrics"
+        url = f"http://127.0.0.1:{port + gateways}/metrics"
     with stack(args, serve_flags) as (target, _):
         result = measure(target, url, args.running, args.cancels, args.output_len,
                          channels=args.channels)

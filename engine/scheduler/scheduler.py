@@ -77,11 +77,9 @@ class Scheduler:
     def reserved_pages(self) -> int:
         return sum(self._pages_still_needed(r) for r in self.running)
 
-    def available_pages(self, reserved: int | None = None) -> int:
+    def available_pages(self, reserved: int) -> int:
         """Pages free or evictable that no running request has reserved; `reserved`: the
-        running requests' reservations where the caller has summed them."""
-        if reserved is None:
-            reserved = self.reserved_pages()
+        running requests' reservations (`reserved_pages`, or a step's kept total)."""
         return self.allocator.num_free + self.cache.sizes().evictable_pages - reserved
 
     def _obtainable(self) -> int:
