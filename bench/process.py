@@ -166,7 +166,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def sample(pid: int) -> dict[str, float]:
-    """RSS in MiB and open file descriptors of `pid`."""
+    """RSS in MiB and open file descriptors of `pid` (an OSError once it has exited)."""
     try:
         import psutil
 
@@ -174,6 +174,8 @@ def sample(pid: int) -> dict[str, float]:
         return {"rss_mib": proc.memory_info().rss / 2**20, "fds": float(proc.num_fds())}
     except ImportError:
         pass
+    except psutil.NoSuchProcess as exc:  # the same error as reading /proc of a process gone
+        raise ProcessLookupError(f"process {pid} has exited") from exc
     rss_kib = 0
     for line in (Path("/proc") / str(pid) / "status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -192,6 +194,65 @@ def process_changes(pids: dict[str, int], before: dict[str, dict[str, float]],
                          "rss_after_mib": after["rss_mib"],
                          "fds_before": before[name]["fds"], "fds_after": after["fds"]}
     return out
+
+
+class RssSeries:
+    """Each service's RSS sampled every `every_s` while a load runs, and its growth as a
+    least-squares slope over the samples taken `warmup_s` or more after the first: the prefix
+    cache and the allocators fill during the first minutes, a leak keeps growing after them."""
+
+    def __init__(self, pids: dict[str, int], every_s: float, warmup_s: float):
+        self.pids = pids
+        self.every_s = every_s
+        self.warmup_s = warmup_s
+        self.samples: dict[str, list[tuple[float, float]]] = {name: [] for name in pids}
+
+    async def run(self) -> None:
+        """Sample until cancelled (a dead service stops being sampled)."""
+        start = time.monotonic()
+        alive = dict(self.pids)
+        while alive:
+            now = time.monotonic() - start
+            for name, pid in list(alive.items()):
+                try:
+                    self.samples[name].append((now, sample(pid)["rss_mib"]))
+                except OSError:  # it exited (the check after the load reports that)
+                    del alive[name]
+            await asyncio.sleep(self.every_s)
+
+    def growth(self) -> dict[str, dict[str, float]]:
+        """Per service: samples after the warm-up, their RSS range (MiB) and the slope in MiB
+        and in percent of their mean per hour; services with fewer than 3 such samples are
+        left out (no slope to fit)."""
+        out = {}
+        for name, points in self.samples.items():
+            kept = [(t, rss) for t, rss in points if t >= self.warmup_s]
+            if len(kept) < 3:
+                continue
+            slope = _slope(kept) * 3600
+            mean = statistics.fmean(rss for _, rss in kept)
+            out[name] = {"samples": float(len(kept)), "rss_min_mib": min(r for _, r in kept),
+                         "rss_max_mib": max(r for _, r in kept), "mib_per_h": slope,
+                         "pct_per_h": 100 * slope / mean}
+        return out
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of y over x."""
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def growth_table(growth: dict[str, dict[str, float]], warmup_s: float) -> list[str]:
+    """The markdown rows of `RssSeries.growth` (none when nothing was sampled long enough)."""
+    if not growth:
+        return []
+    return ["", f"| service | RSS samples after {warmup_s:.0f} s | RSS range (MiB) | "
+            "growth (MiB/h) | growth (%/h) |", "|---|---:|---|---:|---:|",
+            *(f"| {name} | {g['samples']:.0f} | {g['rss_min_mib']:.1f}-{g['rss_max_mib']:.1f} | "
+              f"{g['mib_per_h']:+.2f} | {g['pct_per_h']:+.2f} |" for name, g in growth.items())]
 
 
 def process_table(processes: dict[str, dict[str, float]]) -> list[str]:

@@ -10,7 +10,9 @@ the rest must finish OK with exactly max_new_tokens tokens.
 At the end the stack must go idle with the pool invariant intact (GetServerInfo: nothing running
 or queued, kv_pages_free + kv_pages_evictable == kv_pages_total, no live requests in the gateway
 or the detokenizer), and the RSS and open files of each service are compared with the start
-(known with --launch, or --serve-pid of a running `radixserve serve`).
+(known with --launch, or --serve-pid of a running `radixserve serve`). During the load each
+service's RSS is sampled every --rss-every seconds; its growth is the least-squares slope over the
+samples after --warmup, and --max-rss-growth fails the run when a service grows faster.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 
 import grpc
 from radixserve.bench.process import (
+    RssSeries,
     add_stack_args,
+    growth_table,
     parse_stack_args,
     percentiles,
     process_changes,
@@ -56,10 +60,15 @@ class SoakConfig:
     output_len: tuple[int, int] = (4, 64)
     seed: int = 0
     timeout_s: float = 120.0  # client deadline of every request
+    rss_every_s: float = 60.0
+    warmup_s: float = 300.0  # RSS samples before this are the caches filling, not a leak
+    max_rss_growth_pct: float | None = None  # per hour; None reports the growth without a limit
 
     def __post_init__(self) -> None:
         if self.clients < 1 or self.duration_s <= 0 or self.timeout_s <= 0:
             raise ValueError("clients must be >= 1, duration and timeout > 0")
+        if self.rss_every_s <= 0 or self.warmup_s < 0:
+            raise ValueError("--rss-every must be > 0 and --warmup >= 0")
         if not (0 <= self.cancel_share <= 1 and 0 <= self.invalid_share <= 1):
             raise ValueError("shares must be in [0, 1]")
         for lo, hi in (self.input_len, self.output_len):
@@ -79,11 +88,14 @@ class SoakResult:
     idle_info: dict[str, int] = field(default_factory=dict)
     invariant_ok: bool = False
     processes: dict[str, dict[str, float]] = field(default_factory=dict)
+    rss_growth: dict[str, dict[str, float]] = field(default_factory=dict)  # RssSeries.growth
+    too_fast: list[str] = field(default_factory=list)  # services above max_rss_growth_pct
     duration_s: float = 0.0
 
     @property
     def passed(self) -> bool:
-        return self.invariant_ok and not self.wrong_count and not self.unexpected
+        return (self.invariant_ok and not self.wrong_count and not self.unexpected
+                and not self.too_fast)
 
 
 # -- the load ------------------------------------------------------------------------------------
@@ -184,9 +196,14 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
         info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
         soak = _Soak(cfg, [pb_grpc.GenerateServiceStub(c) for c in channels], info.vocab_size,
                      info.max_context)
+        series = RssSeries(pids, cfg.rss_every_s, cfg.warmup_s)
+        sampler = asyncio.create_task(series.run())
         start = time.monotonic()
         deadline = start + cfg.duration_s
-        await asyncio.gather(*(soak._client(i, deadline) for i in range(cfg.clients)))
+        try:
+            await asyncio.gather(*(soak._client(i, deadline) for i in range(cfg.clients)))
+        finally:
+            sampler.cancel()
         result = soak.result
         result.duration_s = time.monotonic() - start
         result.statuses = dict(sorted(soak.statuses.items()))
@@ -196,6 +213,10 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
         for channel in channels:
             await channel.close()
     result.processes = process_changes(pids, before)
+    result.rss_growth = series.growth()
+    limit = cfg.max_rss_growth_pct
+    result.too_fast = [] if limit is None else [
+        name for name, g in result.rss_growth.items() if g["pct_per_h"] > limit]
     return result
 
 
@@ -224,6 +245,9 @@ def format_table(cfg: SoakConfig, r: SoakResult) -> str:
             "detokenizer_live_requests")),
         f"| invariant holds | {'yes' if r.invariant_ok else 'NO'} |",
         *process_table(r.processes),
+        *growth_table(r.rss_growth, cfg.warmup_s),
+        *(["", f"RSS growth above {cfg.max_rss_growth_pct} %/h: {', '.join(r.too_fast)}"]
+          if r.too_fast else []),
     ]
     return "\n".join(rows)
 
@@ -246,13 +270,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", default="4-64", help="max_new_tokens range MIN-MAX")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="client deadline per request (s)")
+    p.add_argument("--rss-every", type=float, default=60.0,
+                   help="seconds between RSS samples of each service during the load")
+    p.add_argument("--warmup", type=float, default=300.0,
+                   help="seconds of load before the RSS samples that the growth is fitted to")
+    p.add_argument("--max-rss-growth", type=float, default=None, metavar="PCT",
+                   help="fail when a service's RSS grows faster than PCT percent an hour")
     p.add_argument("--json", dest="json_path", help="write the result here")
     args, extra = parse_stack_args(p, argv)
     raise_fd_limit()
     with stack(args, extra) as (target, proc):
         cfg = SoakConfig(target, args.clients, args.duration, args.cancel_share,
                          args.invalid_share, _range(args.input_len), _range(args.output_len),
-                         args.seed, args.timeout)
+                         args.seed, args.timeout, args.rss_every, args.warmup,
+                         args.max_rss_growth)
         result = asyncio.run(run(cfg, proc.pid if proc is not None else args.serve_pid))
     print(format_table(cfg, result))
     if args.json_path:

@@ -269,7 +269,8 @@ def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None
     # 3 connections, as 1000 clients get 4
     monkeypatch.setattr(bench_soak, "STREAMS_PER_CHANNEL", 8)
     cfg = bench_soak.SoakConfig(stack.target, clients=20, duration_s=12.0, cancel_share=0.3,
-                                invalid_share=0.05, input_len=(4, 64), output_len=(2, 16), seed=1)
+                                invalid_share=0.05, input_len=(4, 64), output_len=(2, 16), seed=1,
+                                rss_every_s=1.0, warmup_s=2.0, max_rss_growth_pct=1e9)
     result = asyncio.run(bench_soak.run(cfg, serve_pid=stack.proc.pid))
     table = bench_soak.format_table(cfg, result)
     assert result.passed, table
@@ -277,6 +278,10 @@ def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None
     assert result.statuses.get("invalid INVALID_ARGUMENT", 0) > 0, table
     assert set(result.processes) == set(SERVICES), table
     assert all(p["rss_after_mib"] > 0 for p in result.processes.values())
+    # every service sampled through the load, a growth fitted to the samples after the warm-up
+    assert set(result.rss_growth) == set(SERVICES), table
+    assert all(g["samples"] >= 5 and g["rss_min_mib"] > 0 for g in result.rss_growth.values())
+    assert "growth (%/h)" in table and not result.too_fast
 
 
 def test_bench_abort_smoke(stack: Stack) -> None:

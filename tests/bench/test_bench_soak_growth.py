@@ -1,0 +1,60 @@
+"""`bench soak`'s RSS growth: a slope fitted after the warm-up, and the limit that fails a run."""
+
+import asyncio
+import os
+
+import pytest
+from radixserve.bench import soak
+from radixserve.bench.process import RssSeries, growth_table
+
+
+def _series(points: dict[str, list[tuple[float, float]]], warmup_s: float) -> RssSeries:
+    series = RssSeries({name: 0 for name in points}, every_s=60.0, warmup_s=warmup_s)
+    series.samples = points
+    return series
+
+
+def test_growth_is_the_slope_after_the_warmup() -> None:
+    # 100 MiB flat after a warm-up that doubled it, then +1 MiB an hour: only the second part counts
+    warm = [(t * 60.0, 50.0 + t * 10) for t in range(5)]
+    leak = [(300.0 + t * 60.0, 100.0 + t / 60) for t in range(60)]
+    flat = [(t * 60.0, 80.0) for t in range(65)]
+    growth = _series({"gateway": warm + leak, "tokenizer": flat}, warmup_s=300.0).growth()
+    g = growth["gateway"]
+    assert g["samples"] == 60
+    assert g["mib_per_h"] == pytest.approx(1.0)
+    assert g["pct_per_h"] == pytest.approx(100 / 100.49, rel=1e-3)  # of the mean, 100.49 MiB
+    assert (g["rss_min_mib"], g["rss_max_mib"]) == (100.0, pytest.approx(100 + 59 / 60))
+    assert growth["tokenizer"]["mib_per_h"] == 0.0
+    rows = growth_table(growth, 300.0)
+    assert any(row.startswith("| gateway | 60 |") and "+1.00 |" in row for row in rows)
+
+
+def test_too_few_samples_after_the_warmup_fit_nothing() -> None:
+    series = _series({"scheduler": [(0.0, 1.0), (400.0, 2.0), (460.0, 3.0)]}, warmup_s=300.0)
+    assert series.growth() == {}
+    assert growth_table({}, 300.0) == []
+
+
+def test_sampler_reads_live_processes_and_drops_an_exited_one() -> None:
+    async def sample_briefly() -> RssSeries:
+        series = RssSeries({"me": os.getpid(), "gone": 2**22 + 1}, every_s=0.01, warmup_s=0.0)
+        task = asyncio.create_task(series.run())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        return series
+
+    series = asyncio.run(sample_briefly())
+    assert len(series.samples["me"]) >= 3 and all(rss > 0 for _, rss in series.samples["me"])
+    assert series.samples["gone"] == []
+
+
+def test_a_service_above_the_limit_fails_the_run() -> None:
+    result = soak.SoakResult(invariant_ok=True)
+    assert result.passed
+    result.too_fast = ["gateway"]
+    assert not result.passed
+    cfg = soak.SoakConfig("x", max_rss_growth_pct=1.0)
+    assert "RSS growth above 1.0 %/h: gateway" in soak.format_table(cfg, result)
+    with pytest.raises(ValueError, match="rss-every"):
+        soak.SoakConfig("x", rss_every_s=0)
