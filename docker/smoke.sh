@@ -5,7 +5,7 @@
 #   2. the compose stack (four services, healthchecks, the gateway's one published port, an
 #      internal secret) comes up healthy and answers a Generate through the gateway;
 #   3. so does the stack with docker-compose.dp2.yml, with both scheduler replicas serving;
-#   4. everything it started is removed.
+#   4. everything it started is removed, and so are the untagged images earlier builds left behind.
 #
 # Runs on a machine with no image registry: installs docker.io / docker-compose / debootstrap when
 # missing, starts dockerd when none is running (and stops it again on exit), builds the Debian base
@@ -101,14 +101,24 @@ $sudo env RADIXSERVE_BASE_TAG="$base" docker/base-image.sh
 py_version=$(docker run --rm "$base" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 PYTHON="$python" docker/build-extras.sh "torch==$torch_version" "$py_version"
 
+# The legacy builder keeps every step's image as its cache, and a rebuild on changed sources leaves
+# the previous chain untagged: about 10 GB a run. Remove the untagged images of earlier builds of
+# docker/Dockerfile (its label), and tag the builder stage so its cache (torch) survives the prune.
+reclaimed=$(docker image prune --force --filter label=io.radixserve.build=1 | tail -n 1)
+say "pruned earlier builds' untagged images (${reclaimed:-nothing}); $(df -h --output=avail \
+  "$(docker info -f '{{.DockerRootDir}}')" | tail -n 1 | tr -d ' ') free for docker"
 say "building $image on $base"
 build_start=$SECONDS
-if ! DOCKER_BUILDKIT=0 docker build -f docker/Dockerfile --target cpu -t "$image" \
-  --build-arg PYTHON_IMAGE="$base" --build-arg TORCH_VERSION="$torch_version" \
-  --build-arg TORCH_INDEX_URL=https://pypi.org/simple . >"$work/build.log" 2>&1; then
-  tail -n 60 "$work/build.log" >&2
-  fail "docker build (full log above, last 60 lines)"
-fi
+for target in cpu-build cpu; do
+  tag=$image
+  [ "$target" = cpu ] || tag=$image-build
+  if ! DOCKER_BUILDKIT=0 docker build -f docker/Dockerfile --target "$target" -t "$tag" \
+    --build-arg PYTHON_IMAGE="$base" --build-arg TORCH_VERSION="$torch_version" \
+    --build-arg TORCH_INDEX_URL=https://pypi.org/simple . >"$work/build.log" 2>&1; then
+    tail -n 60 "$work/build.log" >&2
+    fail "docker build --target $target (full log above, last 60 lines)"
+  fi
+done
 say "built $image in $((SECONDS - build_start)) s, $(docker image inspect -f '{{.Size}}' "$image" | numfmt --to=iec)"
 
 # -- one container -----------------------------------------------------------------------------
