@@ -97,10 +97,12 @@ class Req:
     def finished(self) -> bool:
         return self.status is ReqStatus.FINISHED
 
-    def token_ids(self, n: int) -> list[int]:
-        """The first n ids of prompt + outputs (those with KV computed)."""
+    def token_ids(self, n: int) -> np.ndarray:
+        """The first n ids of prompt + outputs (those with KV computed), int32; within the prompt
+        a view of prompt_array (never written)."""
         assert n <= self.prompt_len + len(self.output_ids), (
             "KV covers a token the host has not seen")
         if n <= self.prompt_len:
-            return self.prompt_ids[:n]
-        return self.prompt_ids + self.output_ids[: n - self.prompt_len]
+            return self.prompt_array[:n]
+        return np.concatenate([self.prompt_array,
+                               np.asarray(self.output_ids[: n - self.prompt_len], dtype=np.int32)])

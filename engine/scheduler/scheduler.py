@@ -20,7 +20,6 @@ import time
 from collections import deque
 from typing import NamedTuple
 
-import numpy as np
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.kvcache.base import PrefixCache
@@ -53,6 +52,10 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []  # in admission order: the tail is retracted first
         self.estimate = OutputEstimate(config.admission)
+        # Running requests with full prefill pages not yet handed to the prefix cache (_publish),
+        # in admission order (a dict: a request retracted and admitted again is in it once): only
+        # they are looked at each step, not every running request.
+        self._unpublished: dict[Req, None] = {}
         self.retractions_total = 0
         self._retracted_this_step = False
 
@@ -75,7 +78,17 @@ class Scheduler:
         return max(0, self._planned_pages(req, req.fill_len) - held)
 
     def reserved_pages(self) -> int:
-        return sum(self._pages_still_needed(r) for r in self.running)
+        """`_pages_still_needed` summed over the running requests. Every step that admits runs it
+        over all of them, so its terms are spelled out here rather than called (half the time)."""
+        P, planned = self.page_size, self.estimate.planned_outputs
+        total = 0
+        for r in self.running:
+            fill = r.fill_len
+            need = (-(-(fill + planned(r.max_new_tokens - fill + r.prompt_len)) // P)
+                    + (-r.cached_len // P))
+            if need > 0:
+                total += need
+        return total
 
     def available_pages(self, reserved: int) -> int:
         """Pages free or evictable that no running request has reserved; `reserved`: the
@@ -96,9 +109,9 @@ class Scheduler:
         batch = Batch()
         self._retracted_this_step = False
         self.estimate.on_step()
-        if self.cache.shares:
-            for req in self.running:
-                self._publish(req)
+        if self._unpublished:  # a retracted or finished request has nothing left to publish
+            self._unpublished = {r: None for r in self._unpublished
+                                 if r.status is ReqStatus.RUNNING and self._publish(r)}
         decodes, prefilling = self._make_room_for_decodes()
         self._add_decodes(decodes, batch)
         budget = self.config.max_prefill_tokens
@@ -173,9 +186,12 @@ class Scheduler:
         req.matched_len = req.cache_len = req.cached_len = req.device_len = match.length
         req.fill_len = len(ids)
         req.cache_handle = match.handle
-        self.table.set_locations(req.slot, 0, match.locations)
-        self.table.set_tokens(req.slot, 0, ids.tolist())
+        if match.length:
+            self.table.set_locations(req.slot, 0, match.locations)
+        self.table.set_tokens(req.slot, 0, ids)
         self.running.append(req)
+        if self.cache.shares and req.fill_len // self.page_size * self.page_size > req.cache_len:
+            self._unpublished[req] = None
         return True
 
     def _prefill_chunk(self, req: Req, batch: Batch, budget: int) -> int:
@@ -196,8 +212,9 @@ class Scheduler:
         req.device_len = end + 1 if last else end
         return end - start
 
-    def _publish(self, req: Req) -> None:
-        """Hand the cache the full pages of prefill that launched steps have computed.
+    def _publish(self, req: Req) -> bool:
+        """Hand the cache the full pages of prefill that launched steps have computed; whether
+        some of the prefill's full pages are still to come.
 
         Runs before this step's work is added, so every published page is written by an earlier
         step (the device orders later readers after it). Where the cache already holds the same
@@ -205,10 +222,11 @@ class Scheduler:
         frees its own copies.
         """
         P = self.page_size
-        aligned = min(req.cached_len, req.fill_len) // P * P
+        last = req.fill_len // P * P
+        aligned = min(req.cached_len // P * P, last)
         if aligned <= req.cache_len:
-            return
-        tokens = np.asarray(req.token_ids(aligned), dtype=np.int32)
+            return req.cache_len < last
+        tokens = req.token_ids(aligned)
         row = self.table.page_table_cpu[req.slot]
         already = self.cache.insert(tokens, row[:aligned].clone())
         match = self.cache.match(tokens)
@@ -221,6 +239,7 @@ class Scheduler:
         self.cache.lock(match.handle)
         self.cache.unlock(req.cache_handle)
         req.cache_handle, req.cache_len = match.handle, aligned
+        return aligned < last
 
     # -- retraction (optimistic admission) -------------------------------------------------------
     def _make_room_for_decodes(self) -> RunningSplit:
@@ -289,7 +308,7 @@ class Scheduler:
         aligned, held_end = L // P * P, _ceil_div(L, P) * P
         row = self.table.page_table_cpu[req.slot]
         if aligned > 0:
-            tokens = np.asarray(req.token_ids(aligned), dtype=np.int32)
+            tokens = req.token_ids(aligned)
             already = self.cache.insert(tokens, row[:aligned].clone())
             # Our own copies of pages the cache already had are duplicates: free them.
             self.allocator.free(row[req.cache_len : already : P] // P)
