@@ -102,7 +102,7 @@ py_version=$(docker run --rm "$base" python3 -c 'import sys; print("%d.%d" % sys
 PYTHON="$python" docker/build-extras.sh "torch==$torch_version" "$py_version"
 
 # The legacy builder keeps every step's image as its cache, and a rebuild on changed sources leaves
-# the previous chain untagged (a GB or more a run). Remove the untagged images of earlier builds of
+# the previous chain untagged (1.4 GB a run). Remove the untagged images of earlier builds of
 # docker/Dockerfile (its label), and tag the builder stage so its cache (torch) survives the prune.
 reclaimed=$(docker image prune --force --filter label=io.radixserve.build=1 | tail -n 1)
 say "pruned earlier builds' untagged images (${reclaimed:-nothing}); $(df -h --output=avail \
