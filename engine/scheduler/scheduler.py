@@ -79,7 +79,8 @@ class Scheduler:
 
     def reserved_pages(self) -> int:
         """`_pages_still_needed` summed over the running requests. Every step that admits runs it
-        over all of them, so its terms are spelled out here rather than called (half the time)."""
+        over all of them, so its terms are spelled out here rather than called (two thirds of the
+        time)."""
         P, planned = self.page_size, self.estimate.planned_outputs
         total = 0
         for r in self.running:
