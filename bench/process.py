@@ -229,20 +229,12 @@ class RssSeries:
             kept = [(t, rss) for t, rss in points if t >= self.warmup_s]
             if len(kept) < 3:
                 continue
-            slope = _slope(kept) * 3600
+            slope = statistics.linear_regression(*zip(*kept)).slope * 3600  # least squares
             mean = statistics.fmean(rss for _, rss in kept)
             out[name] = {"samples": float(len(kept)), "rss_min_mib": min(r for _, r in kept),
                          "rss_max_mib": max(r for _, r in kept), "mib_per_h": slope,
                          "pct_per_h": 100 * slope / mean}
         return out
-
-
-def _slope(points: list[tuple[float, float]]) -> float:
-    """Least-squares slope of y over x."""
-    mx = statistics.fmean(x for x, _ in points)
-    my = statistics.fmean(y for _, y in points)
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    return sum((x - mx) * (y - my) for x, y in points) / sxx
 
 
 def growth_table(growth: dict[str, dict[str, float]], warmup_s: float) -> list[str]:
