@@ -137,7 +137,8 @@ class Links(ReplicaEvents):
     def pick(self, prompt_ids: Sequence[int], n: int,
              avoid: SchedulerReplica | None = None) -> SchedulerReplica:
         """The replica for a call of n completions of this prompt (the router's choice among the
-        usable ones that have room, other than `avoid`), recorded as routed there."""
+        usable ones that have room, other than `avoid`), recorded as routed there with the router
+        when the gateway has several replicas."""
         usable = [r for r in self.replicas if r.routable and r is not avoid]
         if not usable:
             raise unavailable("no scheduler replica is serving")
@@ -149,7 +150,11 @@ class Links(ReplicaEvents):
         else:
             name = self.router.pick(prompt_ids, [ReplicaLoad(r.address, r.load) for r in open_])
             replica = self._by_address[name]
-        self.router.routed(replica.address, prompt_ids)
+        if len(self.replicas) > 1:
+            # With one replica the router is never asked, so what it learns is never read: a
+            # cache-aware router would hold every prompt until its tree is full (about 60 MiB of
+            # short prompts at the default bound) for nothing.
+            self.router.routed(replica.address, prompt_ids)
         return replica
 
     async def replica_reports(self) -> tuple[list[ReplicaReport], int]:
