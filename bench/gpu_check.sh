@@ -14,7 +14,7 @@
 # carry it instead of the demo tokenizer, so detokenizing and grammar masks see a real vocabulary.
 #   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
 #                                        pieces-8b, long-curve, constrained, serving, serving-8b, fa,
-#                                        dp-shared, abort, mixed
+#                                        dp-shared, abort, mixed, overload
 #   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
 #   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
 #   and with tokens sent two at a time: SERVING_FLAGS="--stream-interval 2" bash bench/gpu_check.sh serving
@@ -164,6 +164,10 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                --channels $((g == 1 ? 1 : 4)) --json "$OUT/abort-g$g.json" -- --device cuda \
                --gateways $g
            done ;;
+    overload) save_model qwen3-0.6b  # 3x the saturating rate: refusal latency, admitted ITL
+              stage overload 200 python3 -m radixserve.bench.overload --launch \
+                --model /tmp/models/qwen3-0.6b --duration 30 --json "$OUT/overload.json" \
+                -- --device cuda ;;
     mixed) for split in true false; do
              stage "mixed split=$split" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
                --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \
