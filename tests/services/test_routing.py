@@ -143,6 +143,21 @@ def test_the_cache_aware_trees_stay_within_their_bound() -> None:
         assert all(router.tree_tokens(n) <= 5000 for n in NAMES)
 
 
+def test_the_cache_aware_trees_are_bounded_in_nodes_too() -> None:
+    """Short distinct prompts (about a node each, some 400 bytes) fill a tree's node bound, one node
+    per 64 tokens of max_tree_tokens and at least 1,024, long before its token bound: the replica's
+    tree forgets the oldest of them, which lose their affinity, and keeps the latest."""
+    assert RoutingConfig().max_tree_nodes == 2**15
+    assert RoutingConfig(max_tree_tokens=5000).max_tree_nodes == 1024
+    router = create_router(RoutingConfig(max_tree_tokens=2**17))
+    prompts = [[10 * i + k for k in range(4)] for i in range(5000)]
+    for prompt in prompts:
+        router.routed(NAMES[0], prompt)
+    assert router.tree_tokens(NAMES[0]) == 4 * 2**11
+    assert router.pick(prompts[-1], _loads()) == NAMES[0]
+    assert router.pick(prompts[0], _loads()) != NAMES[0]  # forgotten: the emptiest tree wins
+
+
 def test_round_robin_cycles_whatever_the_list_order() -> None:
     router = create_router(RoutingConfig(policy="round_robin"))
     replicas = _loads(r0=50)

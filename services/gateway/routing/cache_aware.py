@@ -53,7 +53,8 @@ class CacheAwareRouter(Router):
     def routed(self, name: str, prompt_ids: Sequence[int]) -> None:
         tree = self._trees.get(name)
         if tree is None:
-            tree = self._trees[name] = PrefixTree(self.config.max_tree_tokens)
+            config = self.config
+            tree = self._trees[name] = PrefixTree(config.max_tree_tokens, config.max_tree_nodes)
         tree.insert(prompt_ids)
 
     def forget(self, name: str) -> None:

@@ -34,8 +34,14 @@ class RoutingConfig:
     than the replica holds costs misplaced affinity for prefixes it has evicted; remembering less
     loses affinity it still has. The tree's memory is 4 bytes a token plus about 400 bytes a node
     (about one node per distinct prompt): a full tree takes 8-13 MiB a replica for prompts of
-    250-2,048 tokens, but about 60 MiB for prompts of 4-32 random tokens, and it fills only once
-    2**21 tokens of distinct prompts have been routed there.
+    250-2,048 tokens, but short distinct prompts would take far more (measured: 65 MiB full with
+    prompts of 4-32 random tokens; 100 MiB after 200k prompts of 4, a third full). So the tree
+    is also bounded in nodes, `max_tree_nodes`, one per 64 tokens of `max_tree_tokens`: 32,768
+    nodes at the default, about 13 MiB (16 MiB with the tokens of 4-32-token prompts). That never
+    binds for prompts averaging 64 tokens or more a node, and of shorter ones it keeps the latest
+    30k or so, the ones the replica most probably still holds. It is at least 1,024 nodes (400 KiB,
+    too little to matter), so a small tree is bounded by its tokens alone. No flag of its own: it
+    follows `max_tree_tokens`.
     """
 
     policy: RoutingPolicy = "cache_aware"
@@ -43,6 +49,11 @@ class RoutingConfig:
     balance_abs: int = 32
     balance_rel: float = 1.5
     max_tree_tokens: int = 2**21
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """The node bound of each replica's prefix tree, derived from `max_tree_tokens` (above)."""
+        return max(1024, self.max_tree_tokens // 64)
 
     def __post_init__(self) -> None:
         check_policy(self.policy)

@@ -1,9 +1,13 @@
-"""An approximate radix tree of the prompts sent to one replica, bounded in tokens, LRU-evicted.
+"""An approximate radix tree of the prompts sent to one replica, bounded in tokens and in nodes,
+LRU-evicted.
 
 The gateway cannot see a replica's KV prefix cache, so it keeps its own guess: the prompts it routed
-there, forgetting the least recently used ones once the tree holds more than `max_tokens`. The
-guess ignores page alignment, generated tokens and the replica's own evictions; it only has to rank
-replicas by how much of a prompt they probably hold.
+there, forgetting the least recently used ones once the tree holds more than `max_tokens` tokens or
+more than `max_nodes` nodes. The guess ignores page alignment, generated tokens and the replica's
+own evictions; it only has to rank replicas by how much of a prompt they probably hold. The token
+bound mirrors the replica's KV pool; the node bound caps the tree's memory, which is about 400 bytes
+a node besides 4 bytes a token, so short distinct prompts (about a node each) would otherwise cost
+far more than their tokens (`RoutingConfig`).
 
 One tree per replica rather than one shared tree with per-node owners: at 4 bytes a token, a
 prefix stored once per replica costs little (8 KiB a replica for a 2k-token system prompt), where a
@@ -67,12 +71,16 @@ class PrefixTree:
     """Token-id prefixes routed to one replica. Not locked: one thread (the gateway's event loop)
     owns it."""
 
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(self, max_tokens: int, max_nodes: int | None = None) -> None:
+        """`max_nodes=None`: bounded by tokens alone (a node holds at least one token)."""
         if max_tokens < 1:
             raise ValueError(f"a prefix tree holds at least 1 token, got max_tokens={max_tokens}")
+        if max_nodes is not None and max_nodes < 1:
+            raise ValueError(f"a prefix tree holds at least 1 node, got max_nodes={max_nodes}")
         self.max_tokens = max_tokens
+        self.max_nodes = max_tokens if max_nodes is None else max_nodes
         self.num_tokens = 0  # sum of edge lengths, <= max_tokens after every insert
-        self.num_nodes = 0  # without the root
+        self.num_nodes = 0  # without the root; <= max_nodes after every insert
         self._root = _Node(array("i"), None, 0)
         self._clock = itertools.count(1)
         self._heap: list[tuple[int, int, _Node]] = []  # (stamp when pushed, tie, leaf)
@@ -94,8 +102,8 @@ class PrefixTree:
         return pos
 
     def insert(self, ids: Sequence[int]) -> int:
-        """Add `ids` as used now, then evict least recently used leaves while over `max_tokens`.
-        Returns how many leading tokens were already held."""
+        """Add `ids` as used now, then evict least recently used leaves while over `max_tokens` or
+        `max_nodes`. Returns how many leading tokens were already held."""
         # A prompt longer than the bound keeps its head: that is the part later prompts share.
         key, node, pos = as_key(ids)[: self.max_tokens], self._root, 0
         stamp = next(self._clock)
@@ -107,13 +115,16 @@ class PrefixTree:
                 self.num_tokens += len(leaf.key)
                 self.num_nodes += 1
                 self._push(leaf)
+                self._merge_path(node)
                 break
             edge = child.key
             if len(edge) > 1 and key[pos : pos + len(edge)] != edge:
                 # The prompt ends or leaves the tree mid-edge.
                 child = self._split(child, common_len(edge, key, pos))
             child.stamp = stamp
-            node, pos = child, pos + len(child.key)
+            pos += len(child.key)
+            self._merge_path(node)
+            node = child
         self._evict()
         return pos
 
@@ -140,8 +151,12 @@ class PrefixTree:
             assert node.stamp <= node.parent.stamp or node.parent is self._root, "use runs rootward"
             assert node.children or id(node) in leaves, "every leaf waits in the eviction heap"
             stack.extend(node.children.values())
+            if len(node.children) == 1:
+                (child,) = node.children.values()
+                assert child.stamp != node.stamp, "a node and its only child last used together"
         assert (num_tokens, num_nodes) == (self.num_tokens, self.num_nodes), "stale counters"
         assert self.num_tokens <= self.max_tokens, "over the token bound"
+        assert self.num_nodes <= self.max_nodes, "over the node bound"
 
     # -- structure --------------------------------------------------------------------------------
     def _split(self, node: _Node, at: int) -> _Node:
@@ -155,6 +170,14 @@ class PrefixTree:
         head.children[node.key[0]] = node
         self.num_nodes += 1
         return head
+
+    def _merge_path(self, node: _Node) -> None:
+        """Merge `node`, reached by the insert under way, into its child if that is its only one
+        (which the insert reached too, so both carry its stamp). This keeps the path just inserted
+        to one node per branching, so that evicting everything older leaves it whole in a single
+        node, within any bound (`_evict`); and it spares a node."""
+        if len(node.children) == 1 and node is not self._root:
+            self._merge_into_child(node)
 
     def _merge_into_child(self, node: _Node) -> None:
         """Fold a node with one child into that child, when both were last used by the same
@@ -183,7 +206,12 @@ class PrefixTree:
         heapq.heapify(self._heap)
 
     def _evict(self) -> None:
-        while self.num_tokens > self.max_tokens:
+        """Remove least recently used leaves until within both bounds. Every node the last insert
+        reached has its stamp, later than any other; so leaves of older inserts all go first, and
+        each path node left with only its path child merges into it (`_remove_leaf`, and `insert`
+        for those that had one child already). Once they are gone the tree is that path as one
+        node of at most `max_tokens` tokens: the loop stops without touching the latest prompt."""
+        while self.num_tokens > self.max_tokens or self.num_nodes > self.max_nodes:
             stamp, _, node = heapq.heappop(self._heap)
             if node.parent is None or node.children:
                 continue  # gone, or grew children since it was pushed
