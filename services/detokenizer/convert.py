@@ -43,25 +43,28 @@ def step_from_pb(msg: pb.ProcessRequest) -> Step:
     return Step(aborted=list(msg.aborted_ids), setups=setups, outputs=outputs)
 
 
-def delta_to_pb(delta: Delta) -> pb.RequestDelta:
-    msg = pb.RequestDelta(
-        request_id=delta.rid, token_ids=delta.token_ids, text=delta.text, logprobs=delta.logprobs
-    )
+def _add_delta(msg: pb.SubscribeResponse, delta: Delta) -> None:
+    """Adds `delta` to `msg` in place: building each row apart and passing the list copies it."""
+    row = msg.deltas.add(request_id=delta.rid, token_ids=delta.token_ids, text=delta.text)
+    if delta.logprobs:
+        row.logprobs.extend(delta.logprobs)
     if delta.finish is not None:
         f = delta.finish
-        msg.finish.reason = REASON_TO_PB[f.reason]
-        msg.finish.prompt_tokens = f.prompt_tokens
-        msg.finish.completion_tokens = f.completion_tokens
-        msg.finish.cached_tokens = f.cached_tokens
+        row.finish.reason = REASON_TO_PB[f.reason]
+        row.finish.prompt_tokens = f.prompt_tokens
+        row.finish.completion_tokens = f.completion_tokens
+        row.finish.cached_tokens = f.cached_tokens
         if f.stop_string is not None:
-            msg.finish.stop_string = f.stop_string
+            row.finish.stop_string = f.stop_string
         elif f.stop_token_id is not None:
-            msg.finish.stop_token_id = f.stop_token_id
-    return msg
+            row.finish.stop_token_id = f.stop_token_id
 
 
 def deltas_to_pb(deltas: list[Delta]) -> pb.SubscribeResponse:
-    return pb.SubscribeResponse(deltas=[delta_to_pb(d) for d in deltas])
+    msg = pb.SubscribeResponse()
+    for delta in deltas:
+        _add_delta(msg, delta)
+    return msg
 
 
 def subscriber_from_pb(msg: pb.SubscribeRequest) -> str:

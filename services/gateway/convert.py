@@ -152,10 +152,14 @@ def event_to_pb(request_id: str, event: Event) -> pb.GenerateResponse:
         started = pb.Started(prompt_tokens=event.prompt_tokens, prompt_token_ids=event.prompt_ids)
         return pb.GenerateResponse(request_id=request_id, started=started)
     if isinstance(event, Delta):
-        delta = pb.Delta(
-            token_ids=event.token_ids, text=event.text, logprobs=_logprobs_to_pb(event.logprobs)
-        )
-        return pb.GenerateResponse(request_id=request_id, delta=delta, index=event.index)
+        # One per token per stream: the fields are set in place (a sub-message built apart is
+        # copied into its parent), and logprobs are converted only when asked for.
+        msg = pb.GenerateResponse(request_id=request_id, index=event.index)
+        msg.delta.token_ids.extend(event.token_ids)
+        msg.delta.text = event.text
+        if event.logprobs:
+            msg.delta.logprobs.extend(_logprobs_to_pb(event.logprobs))
+        return msg
     finished = pb.Finished(
         finish_reason=_REASONS[event.reason],
         usage=pb.Usage(

@@ -49,8 +49,9 @@ class Started:
     prompt_ids: Sequence[int]
 
 
-@dataclass(frozen=True)
-class Delta:
+class Delta(NamedTuple):
+    """One per token per stream at full load, so a tuple (as `Output` below)."""
+
     token_ids: Sequence[int]
     text: str
     logprobs: Sequence[Any]  # internal TokenLogprobs messages, converted at the edge
