@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.kvcache.allocator import PageAllocator
@@ -73,23 +73,25 @@ class Scheduler:
         remaining = req.max_new_tokens - (fill_len - req.prompt_len)
         return _ceil_div(fill_len + self.estimate.planned_outputs(remaining), self.page_size)
 
-    def _pages_still_needed(self, req: Req) -> int:
-        held = _ceil_div(req.cached_len, self.page_size)
-        return max(0, self._planned_pages(req, req.fill_len) - held)
-
-    def reserved_pages(self) -> int:
-        """`_pages_still_needed` summed over the running requests. Every step that admits runs it
-        over all of them, so its terms are spelled out here rather than called (two thirds of the
-        time)."""
+    def _pages_still_needed(self, reqs: Iterable[Req]) -> int:
+        """Pages the requests may still allocate, summed: each one's planned pages
+        (`_planned_pages` at its fill length) less those its computed KV holds, at least 0. One
+        loop with `_planned_pages`' terms written out, not a call per request: every step that
+        admits runs it over all the running requests (`reserved_pages`), in two thirds of the
+        time."""
         P, planned = self.page_size, self.estimate.planned_outputs
         total = 0
-        for r in self.running:
+        for r in reqs:
             fill = r.fill_len
+            # ceil(planned / P) - ceil(cached / P), without _ceil_div's two calls a request
             need = (-(-(fill + planned(r.max_new_tokens - fill + r.prompt_len)) // P)
                     + (-r.cached_len // P))
             if need > 0:
                 total += need
         return total
+
+    def reserved_pages(self) -> int:
+        return self._pages_still_needed(self.running)
 
     def available_pages(self, reserved: int) -> int:
         """Pages free or evictable that no running request has reserved; `reserved`: the
@@ -133,7 +135,7 @@ class Scheduler:
             if not self._admit(req, reserved):
                 break
             budget -= self._prefill_chunk(req, batch, budget)
-            reserved += self._pages_still_needed(req)
+            reserved += self._pages_still_needed((req,))
         return batch if len(batch) else None
 
     def _admission_due(self, budget: int) -> bool:
