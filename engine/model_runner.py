@@ -214,7 +214,7 @@ class ModelRunner:
         cols = step_columns(batch, slot_list, rows, dev)
         T = cols.num_tokens
         graph_layout = StepLayout(cols.slots, batch.prefix_lens, batch.seq_lens, cols.slots,
-                                  table.page_table, self.config.page_size)
+                                  table.page_table, self.config.page_size, slot_list)
         if self.graphs is not None and T == len(slot_list) and self.graphs.can_run(graph_layout):
             logits = self.graphs.replay(slot_list, graph_layout)  # (B, V), every row one new token
             if not rows:
@@ -251,7 +251,7 @@ class ModelRunner:
                 self.grammar_mask_s += time.perf_counter() - fill_start
                 self.grammar_mask_steps += 1
         sb = build_sampling_batch(batch, rows, self.eos_ids, dev, mask)
-        out = self.sampler(logits.float(), sb, table.token_pool)  # (S, V) float32 in
+        out = self.sampler(logits, sb, table.token_pool)  # (S, V) in the model's dtype
         table.token_pool[cols.sample_slots, cols.sample_pos] = out.tokens
         return self._to_host(rows, out)
 

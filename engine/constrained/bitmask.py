@@ -41,10 +41,11 @@ def to_device(mask: HostGrammarMask, device: torch.device) -> GrammarMask:
 
 
 def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor:
-    """logits (S, V) -> a copy where the tokens each constrained row may not take are -inf."""
+    """logits (S, V) -> a float32 copy where the tokens each constrained row may not take are
+    -inf."""
     V = logits.size(1)
     shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
     allowed = ((mask.bits[:, :, None] >> shifts) & 1).bool().flatten(1)[:, :V]  # (G, V)
-    out = logits.clone()
-    out[mask.rows] = logits[mask.rows].masked_fill(~allowed, float("-inf"))
+    out = logits.to(torch.float32, copy=True)
+    out[mask.rows] = out[mask.rows].masked_fill(~allowed, float("-inf"))
     return out

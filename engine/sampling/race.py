@@ -1,18 +1,21 @@
 """The seeded draw: argmax over the vocabulary of logits / T + Gumbel noise, noise from a hash.
 
 argmax(l / T + g) with g = -log(-log(u)), u uniform, picks token i with probability
-softmax(l / T)_i, so no softmax is needed. u comes from a 32-bit hash of (the row's key, token id):
-a seeded request draws the same tokens whatever shares its batch, with no generator state and no
-host sync.
+softmax(l / T)_i, so no softmax is needed. u comes from a 32-bit hash of (the row's key, token id),
+and the key from a hash of (the request's seed, the output index sampled): a seeded request draws
+the same tokens whatever shares its batch, with no generator state and no host sync.
 
-On CUDA one Triton program per row walks the vocabulary once, hashing and comparing on the fly;
-the torch version below does the same arithmetic through (S, V) int64 temporaries, which at 256
-rows x 152k tokens is gigabytes of memory traffic per step.
+On CUDA a Triton kernel derives each row's key and walks the vocabulary once, hashing and comparing
+on the fly, in logits of any float dtype. Each row's vocabulary is split over several programs
+where rows are few (a row alone in one program took 85 us on an H200), and a second kernel picks
+each row's winner among its parts. The torch version below does the same arithmetic through (S, V)
+int64 temporaries, which at 256 rows x 152k tokens is gigabytes of memory traffic per step.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -25,7 +28,17 @@ except ImportError:
 M32 = 0xFFFFFFFF
 MIX = 0x45D9F3B
 TOKEN_SALT = 0x9E3779B9
+SEED_SALT = 0x632BE5AB
 _BLOCK = 2048
+_PROGRAMS_PER_SM = 4  # parts of the vocabulary in flight per SM when rows are few
+
+
+class RowSeeds(NamedTuple):
+    """What a row's key derives from (device tensors, (S,) int64 each)."""
+
+    lo: torch.Tensor  # the low 32 bits of the request's seed
+    hi: torch.Tensor  # its high 32 bits
+    step: torch.Tensor  # the output index being sampled
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -33,6 +46,12 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     x = ((x ^ (x >> 16)) * MIX) & M32
     x = ((x ^ (x >> 16)) * MIX) & M32
     return x ^ (x >> 16)
+
+
+def row_keys(seeds: RowSeeds) -> torch.Tensor:
+    """(S,) int64 < 2^32: one noise stream per (seed, output index)."""
+    key = mix32(seeds.lo ^ mix32(seeds.hi + SEED_SALT))
+    return mix32(key ^ (seeds.step & M32))
 
 
 @functools.cache
@@ -57,7 +76,7 @@ def race_torch(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tenso
     greedy (S,)."""
     token_hash = _token_hash(logits.size(1), logits.device)
     gumbel = -torch.log(-torch.log(_uniform(mix32(key[:, None] ^ token_hash[None, :]))))
-    scores = logits / temperature + torch.where(greedy[:, None], 0.0, gumbel)
+    scores = logits.float() / temperature + torch.where(greedy[:, None], 0.0, gumbel)
     return scores.argmax(dim=-1)
 
 
@@ -70,16 +89,36 @@ if triton is not None:
         return x ^ (x >> 16)
 
     @triton.jit
-    def _race_kernel(logits_ptr, stride, temp_ptr, key_ptr, greedy_ptr, out_ptr, V,
-                     BLOCK: tl.constexpr):
+    def _row_key(key_ptr, lo_ptr, hi_ptr, step_ptr, row, DERIVE: tl.constexpr):
+        if DERIVE:  # row_keys, in registers
+            hi = tl.load(hi_ptr + row) + 0x632BE5AB  # SEED_SALT: up to 2^33 in int64
+            # mix32's first product keeps 32 bits, which depend only on the low 32 bits of
+            # hi ^ (hi >> 16): the carry of the salted sum reaches them through the shift.
+            h = (hi ^ (hi >> 16)).to(tl.uint32) * 0x45D9F3B
+            h = (h ^ (h >> 16)) * 0x45D9F3B
+            h = h ^ (h >> 16)
+            key = _mix(tl.load(lo_ptr + row).to(tl.uint32) ^ h)
+            key = _mix(key ^ tl.load(step_ptr + row).to(tl.uint32))
+        else:
+            key = tl.load(key_ptr + row).to(tl.uint32)
+        return key
+
+    @triton.jit(do_not_specialize=["parts", "blocks"])
+    def _race_kernel(logits_ptr, stride, temp_ptr, key_ptr, lo_ptr, hi_ptr, step_ptr, greedy_ptr,
+                     best_ptr, best_idx_ptr, V, parts, blocks, BLOCK: tl.constexpr,
+                     DERIVE: tl.constexpr):
+        """Program (row, part): the best score of the part's `blocks` blocks of columns and its
+        first column, into best_ptr / best_idx_ptr[row * parts + part]."""
         row = tl.program_id(0)
+        part = tl.program_id(1)
         inv_t = 1.0 / tl.load(temp_ptr + row)
-        key = tl.load(key_ptr + row).to(tl.uint32)
+        key = _row_key(key_ptr, lo_ptr, hi_ptr, step_ptr, row, DERIVE)
         noisy = tl.load(greedy_ptr + row) == 0
         best = tl.full((BLOCK,), float("-inf"), tl.float32)
         best_idx = tl.zeros((BLOCK,), tl.int32)
-        for start in range(0, V, BLOCK):
-            idx = start + tl.arange(0, BLOCK)
+        first = part * blocks * BLOCK
+        for b in range(0, blocks):
+            idx = first + b * BLOCK + tl.arange(0, BLOCK)
             mask = idx < V
             s = tl.load(logits_ptr + row * stride + idx, mask=mask,
                         other=float("-inf")).to(tl.float32) * inv_t
@@ -91,18 +130,78 @@ if triton is not None:
             best = tl.where(take, s, best)
             best_idx = tl.where(take, idx, best_idx)
         top = tl.max(best, axis=0)
-        tl.store(out_ptr + row, tl.min(tl.where(best == top, best_idx, V), axis=0).to(tl.int64))
+        tl.store(best_ptr + row * parts + part, top)
+        tl.store(best_idx_ptr + row * parts + part,
+                 tl.min(tl.where(best == top, best_idx, V), axis=0))
+
+    @triton.jit(do_not_specialize=["parts"])
+    def _pick_kernel(best_ptr, best_idx_ptr, out_ptr, parts, PARTS: tl.constexpr):
+        """Each row's winner among its parts: the best score, the first column among equals."""
+        row = tl.program_id(0)
+        offs = tl.arange(0, PARTS)
+        mask = offs < parts
+        s = tl.load(best_ptr + row * parts + offs, mask=mask, other=float("-inf"))
+        i = tl.load(best_idx_ptr + row * parts + offs, mask=mask, other=2147483647)
+        top = tl.max(s, axis=0)
+        tl.store(out_ptr + row, tl.min(tl.where(s == top, i, 2147483647), axis=0).to(tl.int64))
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _parts(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
+    """(parts, blocks): how many programs share a row's vocabulary, and how many blocks of
+    _BLOCK columns each takes."""
+    blocks = -(-vocab // _BLOCK)
+    want = max(1, -(-_PROGRAMS_PER_SM * _num_sms(device) // rows))
+    per_part = -(-blocks // min(want, blocks))
+    return -(-blocks // per_part), per_part
+
+
+def _launch(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
+            key: torch.Tensor | None, seeds: RowSeeds | None) -> torch.Tensor:
+    S, V = logits.shape
+    dev = logits.device
+    out = torch.empty(S, dtype=torch.int64, device=dev)
+    if not S:
+        return out
+    parts, blocks = _parts(S, V, dev)
+    best = torch.empty(S * parts, dtype=torch.float32, device=dev)
+    best_idx = torch.empty(S * parts, dtype=torch.int32, device=dev)
+    if seeds is not None:
+        key_args = (seeds.lo, seeds.lo.contiguous(), seeds.hi.contiguous(),
+                    seeds.step.contiguous())
+    else:
+        assert key is not None
+        k = key.contiguous()
+        key_args = (k, k, k, k)
+    _race_kernel[(S, parts)](logits, logits.stride(0), temperature.reshape(S).contiguous(),
+                             *key_args, greedy.to(torch.int8).contiguous(), best, best_idx, V,
+                             parts, blocks, BLOCK=_BLOCK, DERIVE=seeds is not None, num_warps=8)
+    # one build per vocabulary size, whatever the parts (a new build mid-serve would stall a step)
+    _pick_kernel[(S,)](best, best_idx, out, parts, PARTS=triton.next_power_of_2(-(-V // _BLOCK)),
+                       num_warps=1)
+    return out
+
+
+def _on_triton(logits: torch.Tensor) -> bool:
+    return triton is not None and logits.is_cuda and logits.stride(1) == 1
 
 
 def race(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor,
          greedy: torch.Tensor) -> torch.Tensor:
     """(S,) int64 sampled ids; see race_torch for the arguments."""
-    if triton is None or not logits.is_cuda or logits.stride(1) != 1:
+    if not _on_triton(logits):
         return race_torch(logits, temperature, key, greedy)
-    S, V = logits.shape
-    out = torch.empty(S, dtype=torch.int64, device=logits.device)
-    if S:
-        _race_kernel[(S,)](logits, logits.stride(0), temperature.reshape(S).contiguous(),
-                           key.contiguous(),
-                           greedy.to(torch.int8).contiguous(), out, V, BLOCK=_BLOCK, num_warps=8)
-    return out
+    return _launch(logits, temperature, greedy, key, None)
+
+
+def race_seeded(logits: torch.Tensor, temperature: torch.Tensor, seeds: RowSeeds,
+                greedy: torch.Tensor) -> torch.Tensor:
+    """`race` with the keys `row_keys(seeds)`, which the kernel derives itself (on a CPU, a dozen
+    elementwise ops; on CUDA they were as many kernel launches per step)."""
+    if not _on_triton(logits):
+        return race_torch(logits, temperature, row_keys(seeds), greedy)
+    return _launch(logits, temperature, greedy, None, seeds)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 from radixserve.engine.constrained.bitmask import GrammarMask, apply_grammar_mask
-from radixserve.engine.sampling.race import M32, mix32, race
+from radixserve.engine.sampling.race import RowSeeds, race_seeded
 
 
 @dataclass
@@ -57,12 +57,14 @@ class SampleOutput(NamedTuple):
 class Sampler:
     def __call__(self, logits: torch.Tensor, sb: SamplingBatch,
                  token_pool: torch.Tensor) -> SampleOutput:
-        """logits: (S, V) float32 (not modified in place when logprobs are wanted)."""
+        """logits: (S, V) in the model's dtype, not modified. They are cast to float32 only where a
+        step changes them or wants logprobs: the draw and a greedy argmax read them as they are
+        (the cast of (256, 152k) logits cost as much as the draw itself)."""
         raw = logits
         if sb.grammar is not None:  # first, so that no later step can make a banned token win
-            logits = apply_grammar_mask(logits, sb.grammar)  # a copy
+            logits = apply_grammar_mask(logits, sb.grammar)  # a float32 copy
         elif sb.penalties is not None or sb.suppress is not None:
-            logits = logits.clone()
+            logits = logits.float()  # a copy
         if sb.penalties is not None:
             self._apply_penalties(logits, sb.penalties, token_pool)
         if sb.suppress is not None:
@@ -70,7 +72,7 @@ class Sampler:
         tokens = logits.argmax(dim=-1) if sb.all_greedy else self._draw(logits, sb)
         if not sb.want_logprobs:
             return SampleOutput(tokens, None, None, None)
-        logp = torch.log_softmax(raw, dim=-1)  # logprobs of the model's own distribution
+        logp = torch.log_softmax(raw.float(), dim=-1)  # logprobs of the model's own distribution
         chosen = logp.gather(1, tokens[:, None]).squeeze(1)
         if sb.num_top_logprobs == 0:
             return SampleOutput(tokens, chosen, None, None)
@@ -79,10 +81,11 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
         if sb.min_p is not None or sb.top_k is not None or sb.top_p is not None:
+            logits = logits.float()
             logits = logits.masked_fill(~self._kept(logits, sb), float("-inf"))
-        key = mix32(sb.seed_lo ^ mix32(sb.seed_hi + 0x632BE5AB))
-        key = mix32(key ^ (sb.step & M32))  # (S,) one stream per (seed, output index)
-        return race(logits, sb.temperature, key, sb.greedy)
+        # one noise stream per (seed, output index), keyed inside the draw
+        return race_seeded(logits, sb.temperature, RowSeeds(sb.seed_lo, sb.seed_hi, sb.step),
+                           sb.greedy)
 
     @staticmethod
     def _kept(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:

@@ -252,3 +252,63 @@ def test_race_kernel_matches_the_torch_draw():
     got, want = race(logits, temp, key, greedy), race_torch(logits, temp, key, greedy)
     assert (got[greedy] == want[greedy]).all()
     assert (got == want).float().mean() > 0.98  # log() differs in the last bit between the two
+
+
+def _race_cases(device: str):
+    """(logits, temperature, seeds, greedy) at shapes that split rows over 1 to 75 parts; bf16
+    logits, seeds whose salted high half carries past 2^32."""
+    from radixserve.engine.sampling.race import RowSeeds
+
+    g = torch.Generator().manual_seed(0)
+    for S, V in [(1, 151936), (7, 4097), (64, 9000), (300, 5000)]:
+        logits = (torch.randn(S, V, generator=g) * 3).to(torch.bfloat16)
+        logits[:, 100:300] = float("-inf")
+        logits[S // 2, :] = float("-inf")  # a row with nothing allowed takes column 0, as argmax
+        seeds = RowSeeds(torch.randint(0, 2**32, (S,), generator=g),
+                         torch.randint(2**32 - 2**31, 2**32, (S,), generator=g),
+                         torch.randint(0, 5000, (S,), generator=g))
+        yield (logits.to(device), (torch.rand(S, 1, generator=g) + 0.2).to(device),
+               RowSeeds(*(t.to(device) for t in seeds)), (torch.arange(S) % 3 == 0).to(device))
+
+
+_INTERPRETED_RACE = """
+import torch
+import radixserve.engine.sampling.race as race
+from tests.engine.test_sampling import _race_cases
+race._num_sms = lambda device: 132  # an H200's SMs: rows split into up to 75 parts
+for logits, temp, seeds, greedy in _race_cases("cpu"):
+    want = race.race_torch(logits, temp, race.row_keys(seeds), greedy)
+    derived = race._launch(logits, temp, greedy, None, seeds)
+    keyed = race._launch(logits, temp, greedy, race.row_keys(seeds), None)
+    assert torch.equal(derived, want) and torch.equal(keyed, want), (logits.shape, derived, want)
+    print(tuple(logits.shape), race._parts(*logits.shape, None))
+"""
+
+
+def test_race_kernel_in_the_triton_interpreter():
+    """The Triton draw, run on the CPU by Triton's interpreter: the split over parts, the pick
+    among them and the keys derived in the kernel give the torch draw's tokens exactly."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_RACE], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(1, 151936) (75, 1)" in done.stdout, done.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_race_kernel_derives_keys_and_splits_rows_on_the_gpu():
+    from radixserve.engine.sampling.race import race_seeded, race_torch, row_keys
+
+    for logits, temp, seeds, greedy in _race_cases("cuda"):
+        got = race_seeded(logits, temp, seeds, greedy)
+        want = race_torch(logits, temp, row_keys(seeds), greedy)
+        assert torch.equal(got[greedy], want[greedy])
+        assert (got == want).float().mean() > 0.98  # log() differs in the last bit between the two
