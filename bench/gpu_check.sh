@@ -144,7 +144,7 @@ for s in "$@"; do
   case $s in
     tests) stage tests 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
              tests/engine/test_fused_gpu.py tests/engine/test_backends_gpu.py tests/engine/test_engine_gpu.py \
-             tests/engine/test_flashinfer_direct_gpu.py ;;
+             tests/engine/test_flashinfer_direct_gpu.py tests/engine/test_sampling.py ;;
     cache) if [ ! -d .ficache ]; then  # return the JIT cache only if it fits what comes back (60 MB)
              tar czf /tmp/fi.tgz -C "$HOME" .cache/flashinfer; ls -la /tmp/fi.tgz | tee -a "$LOG"
              [ "$(stat -c %s /tmp/fi.tgz)" -le 62914560 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz.part"

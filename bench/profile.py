@@ -292,6 +292,7 @@ def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
         core.add_request(f"o{i}", ids, params)
     kinds: dict[str, list[float]] = defaultdict(list)
     rows: dict[str, list[int]] = defaultdict(list)
+    steps: list[tuple[float, int, str, int, int]] = []  # seconds, index, kind, rows, tokens
     start = time.perf_counter()
     while core.has_work():
         t0 = time.perf_counter()
@@ -302,9 +303,17 @@ def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
         batch = core._in_flight[0]
         tokens = sum(s - p for s, p in zip(batch.seq_lens, batch.prefix_lens))
         kind = "decode" if tokens == len(batch.reqs) else "prefill+mixed"
-        kinds[kind].append(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        kinds[kind].append(seconds)
         rows[kind].append(len(batch.reqs))
+        steps.append((seconds, len(steps), kind, len(batch.reqs), tokens))
     wall = time.perf_counter() - start
+    # With overlap a call returns once the step before the one it launched is done, so a step's
+    # time here is mostly the device time of the step before it: the slowest calls, in context.
+    print_table("the offline workload's slowest steps (the step launched; the one before it)",
+                [{"step": i, "ms": 1e3 * t, "kind": k, "rows": r, "tokens": n,
+                  "before": f"{steps[i - 1][2]} {steps[i - 1][3]}/{steps[i - 1][4]}" if i else ""}
+                 for t, i, k, r, n in sorted(steps, reverse=True)[:8]])
     out = [{"kind": k, "steps": len(v), "total_s": sum(v), "share": sum(v) / wall,
             "median_ms": 1e3 * median(v),
             "mean_rows": sum(rows[k]) / len(v)} for k, v in kinds.items()]

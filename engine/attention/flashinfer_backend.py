@@ -27,7 +27,7 @@ from radixserve.engine.attention.base import (
     AttentionMetadata,
     StepLayout,
     last_page_lens,
-    page_indices,
+    layout_page_ids,
     pages_per_request,
     prefix_sums,
 )
@@ -126,7 +126,7 @@ class FlashInferBackend(AttentionBackend):
         P, seq = layout.page_size, layout.seq_lens
         npages = pages_per_request(seq, P)
         kv_indptr, last = _indptr(npages), _last_page_lens(seq, npages, P)
-        indices = page_indices(layout.page_table, layout.slots, npages, P)
+        indices = layout_page_ids(layout, npages)
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         if layout.is_decode:
             planner = self._decode
@@ -227,7 +227,7 @@ class FlashInferBackend(AttentionBackend):
         assert P == self._page_size, "graphs were captured for another page size"
         npages = pages_per_request(layout.seq_lens, P)
         self._plan_padded(self._graphs[batch_size], batch_size, layout.seq_lens, npages,
-                          page_indices(layout.page_table, layout.slots, npages, P))
+                          layout_page_ids(layout, npages))
 
     def _plan_padded(self, planner: _Planner, batch_size: int, seq_lens: list[int],
                      npages: list[int], real: torch.Tensor | None) -> None:
