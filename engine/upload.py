@@ -16,7 +16,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-ALIGN = 8  # bytes: the widest dtype a column takes
+# Bytes. 8 would do for the widest dtype a column takes, but Triton compiles a kernel once per
+# combination of its pointer arguments being multiples of 16 bytes or not: columns read by a
+# kernel (the draw reads four) that start at any multiple of 8 built new variants mid-run, each a
+# stall of a second or more on a machine whose compile cache is cold.
+ALIGN = 16
 
 _NUMPY = {torch.bool: np.bool_, torch.int32: np.int32, torch.int64: np.int64,
           torch.float32: np.float32}
