@@ -288,6 +288,10 @@ def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
     wall time goes."""
     from radixserve.bench.suite import offline_requests
 
+    # warm-up as the suite's offline part does: first-call builds are not the workload's steps
+    core.add_request("warm-up", list(range(16)), greedy_params(4, 0.6, seed=0))
+    while core.has_work():
+        core.step()
     for i, (ids, params) in enumerate(offline_requests(core.model_info.vocab_size)):
         core.add_request(f"o{i}", ids, params)
     kinds: dict[str, list[float]] = defaultdict(list)
