@@ -277,12 +277,14 @@ class EngineLoop:
 
 
 def _warm_up(engine: EngineLike) -> None:
-    """Run one tiny greedy request end to end, so the first user does not pay for lazy init."""
+    """Run one tiny request end to end, so the first user does not pay for lazy init. It samples
+    (seeded) rather than decoding greedily: the draw's kernels are built on first use, a second or
+    more on a machine whose compile cache is cold."""
     rid = "__warmup__"
     vocab = int(engine.model_info.vocab_size)
     prompt = [i % vocab for i in range(1, 9)]
-    engine.add_request(rid, prompt,
-                       SamplingParams(temperature=0.0, max_new_tokens=2, ignore_eos=True))
+    engine.add_request(rid, prompt, SamplingParams(temperature=1.0, seed=0, max_new_tokens=2,
+                                                   ignore_eos=True))
     while engine.has_work():
         engine.step()
     engine.check_integrity()
