@@ -13,7 +13,8 @@
 # `radixserve bench tokenizer`): the models that `serving`, `dp-shared` and `constrained` use then
 # carry it instead of the demo tokenizer, so detokenizing and grammar masks see a real vocabulary.
 #   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
-#                                        pieces-8b, long-curve, constrained, serving, serving-8b, fa,
+#                                        pieces-8b, long-curve, long-curve-compute, constrained,
+#                                        serving, serving-8b, fa,
 #                                        dp-shared, abort, mixed, overload
 #   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
 #   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
@@ -153,6 +154,9 @@ for s in "$@"; do
     pieces-8b) pieces qwen3-8b 64,1024 offline ;;
     long-curve) stage long-curve 400 python3 -m radixserve.bench.long --model qwen3-0.6b \
                   --chunk 256,512,1024,2048,4096 --json "$OUT/long-curve.json" ;;
+    long-curve-compute) stage long-curve-compute 400 python3 -m radixserve.bench.long \
+                  --model qwen3-0.6b --chunk 1024,2048,4096,8192 --engine prefill_budget=compute \
+                  --json "$OUT/long-curve-compute.json" ;;
     constrained) stage xgrammar 60 python3 -c "import importlib.metadata as m, xgrammar
 print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                  stage constrained 400 "${SUITE[@]}" --model qwen3-0.6b --parts constrained "${TOK[@]}" ;;

@@ -11,6 +11,7 @@ from radixserve.engine.constrained.compiler import (
     DEFAULT_MAX_CONSTRAINT_BYTES,
 )
 from radixserve.engine.sampling.params import MAX_CONSTRAINT_CHARS
+from radixserve.engine.scheduler.prefill_budget import BudgetUnit
 
 CacheKind = Literal["radix", "naive"]
 SchedulePolicy = Literal["fcfs", "lpm"]
@@ -28,7 +29,10 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"  # "auto": the checkpoint's dtype on GPU, float32 on CPU
     page_size: int = 16
-    max_prefill_tokens: int = 4096  # per-step token budget for prefill chunks
+    max_prefill_tokens: int = 4096  # per-step budget for prefill chunks
+    # What that budget counts: "tokens", or "compute", where a token also pays for the keys it
+    # attends to, so that chunks deep into a long prompt are shorter (scheduler/prefill_budget.py)
+    prefill_budget: BudgetUnit = "tokens"
     max_running_requests: int = 64  # request slots
     max_queued_requests: int = 1024
     num_pages: int | None = None  # None: sized from memory (GPU) or a fixed token budget (CPU)
@@ -84,6 +88,9 @@ class EngineConfig:
             raise ValueError("max_running_requests must be >= 1")
         if self.num_pages is not None and self.num_pages < 2:
             raise ValueError("num_pages must be >= 2")
+        if self.prefill_budget not in ("tokens", "compute"):
+            raise ValueError("prefill_budget must be 'tokens' or 'compute', got "
+                             f"{self.prefill_budget!r}")
         if self.cache not in ("radix", "naive"):
             raise ValueError(f"cache must be 'radix' or 'naive', got {self.cache!r}")
         if self.load_format not in ("auto", "dummy"):

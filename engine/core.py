@@ -26,6 +26,7 @@ from radixserve.engine.models.config import ModelArgs, read_eos_ids
 from radixserve.engine.request import Req, ReqStatus
 from radixserve.engine.sampling.params import FinishReason, InvalidRequestError, SamplingParams
 from radixserve.engine.scheduler.batch import Batch
+from radixserve.engine.scheduler.prefill_budget import PrefillBudget, keys_per_token
 from radixserve.engine.scheduler.scheduler import Scheduler
 from radixserve.engine.tp.launch import TPLeader, building
 
@@ -77,7 +78,10 @@ class EngineCore:
                                     self.runner.max_context, eos, str(dtype).removeprefix("torch."))
         self.allocator = PageAllocator(self.runner.num_pages)
         self.cache = create_prefix_cache(config.cache, config.page_size)
-        self.scheduler = Scheduler(config, self.runner.table, self.allocator, self.cache)
+        a = self.args
+        budget = PrefillBudget(config.prefill_budget, keys_per_token(
+            a.hidden_size, a.intermediate_size, a.num_heads, a.num_kv_heads, a.head_dim))
+        self.scheduler = Scheduler(config, self.runner.table, self.allocator, self.cache, budget)
         self._reqs: dict[str, Req] = {}
         self._in_flight: tuple[Batch, ForwardOutput] | None = None
         self._rng = random.Random(config.seed)

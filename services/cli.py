@@ -39,6 +39,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--dtype", "dtype", str),
     ("--page-size", "page_size", int),
     ("--max-prefill-tokens", "max_prefill_tokens", int),
+    ("--prefill-budget", "prefill_budget", str),
     ("--max-running-requests", "max_running_requests", int),
     ("--max-queued-requests", "max_queued_requests", int),
     ("--num-pages", "num_pages", int),

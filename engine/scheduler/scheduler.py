@@ -28,6 +28,7 @@ from radixserve.engine.request import Req, ReqStatus
 from radixserve.engine.sampling.params import FinishReason
 from radixserve.engine.scheduler.admission import OutputEstimate
 from radixserve.engine.scheduler.batch import Batch
+from radixserve.engine.scheduler.prefill_budget import PrefillBudget
 
 LPM_WINDOW = 128  # waiting requests scored per step under the longest-prefix-match policy
 
@@ -45,8 +46,10 @@ def _ceil_div(a: int, b: int) -> int:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, table: TableManager, allocator: PageAllocator,
-                 cache: PrefixCache) -> None:
+                 cache: PrefixCache, budget: PrefillBudget | None = None) -> None:
+        """`budget`: how a step's max_prefill_tokens is counted (tokens where None)."""
         self.config = config
+        self.budget = budget or PrefillBudget()
         self.page_size = config.page_size
         self.table, self.allocator, self.cache = table, allocator, cache
         self.waiting: deque[Req] = deque()
@@ -117,7 +120,7 @@ class Scheduler:
                                  if r.status is ReqStatus.RUNNING and self._publish(r)}
         decodes, prefilling = self._make_room_for_decodes()
         self._add_decodes(decodes, batch)
-        budget = self.config.max_prefill_tokens
+        budget: float = self.config.max_prefill_tokens
         for req in prefilling:  # a chunked prompt continues before anyone new is admitted
             if budget > 0 and req.status is ReqStatus.RUNNING:  # not retracted by an earlier chunk
                 budget -= self._prefill_chunk(req, batch, budget)
@@ -138,7 +141,7 @@ class Scheduler:
             reserved += self._pages_still_needed((req,))
         return batch if len(batch) else None
 
-    def _admission_due(self, budget: int) -> bool:
+    def _admission_due(self, budget: float) -> bool:
         """Whether this step admits new requests. With `admission_wait_ms` and at least a quarter
         of the request slots decoding, arrivals wait to be admitted together until the oldest has
         waited that long, or until the prompts that the free slots can take fill the step's prefill
@@ -197,9 +200,10 @@ class Scheduler:
             self._unpublished[req] = None
         return True
 
-    def _prefill_chunk(self, req: Req, batch: Batch, budget: int) -> int:
+    def _prefill_chunk(self, req: Req, batch: Batch, budget: float) -> float:
+        """Add the next chunk of `req`'s prefill to the step; the budget it takes."""
         P, start = self.page_size, req.cached_len
-        end = min(req.fill_len, start + budget)
+        end = self.budget.chunk_end(start, req.fill_len, budget)
         first_page = _ceil_div(start, P)
         need = _ceil_div(end, P) - first_page
         if need > self._obtainable():  # only under "optimistic": admission guarantees it otherwise
@@ -213,7 +217,7 @@ class Scheduler:
         batch.add(req, start, end, sample=last)
         req.cached_len = end
         req.device_len = end + 1 if last else end
-        return end - start
+        return self.budget.cost(start, end)
 
     def _publish(self, req: Req) -> bool:
         """Hand the cache the full pages of prefill that launched steps have computed; whether

@@ -40,6 +40,8 @@ def references(ckpt):
 CONFIGS = {
     "default": {},
     "chunked": {"max_prefill_tokens": 16},
+    # chunks that shrink with their prompt's prefix (15 tokens at its start, 13 at 90 here)
+    "chunked_by_compute": {"max_prefill_tokens": 16, "prefill_budget": "compute"},
     "page1": {"page_size": 1},
     "no_overlap": {"overlap": False},
     "naive_cache": {"cache": "naive"},
