@@ -16,6 +16,8 @@
 #                                        pieces-8b, long-curve, long-curve-compute, constrained,
 #                                        serving, serving-8b, fa,
 #                                        dp-shared, abort, mixed, overload
+#   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV, carrying .ab): MODULE under this tree and
+#   under REV's, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
 #   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
 #   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
 #   and with tokens sent two at a time: SERVING_FLAGS="--stream-interval 2" bash bench/gpu_check.sh serving
@@ -38,12 +40,16 @@ if [ "$(ls -l .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ]; then  # once p
   ls -l .whl > /tmp/site/.wheels
 fi
 # radixserve.* import names map onto the project folders (setup.py's package-dir) through links.
-SHIM=/tmp/shim/radixserve
-mkdir -p "$SHIM"
-for pair in engine:engine native:native services:services bench:bench client:clients/python/radixserve/client \
-            v1:clients/python/radixserve/v1 internal:protos/gen/radixserve/internal; do
-  ln -sfn "$PWD/${pair#*:}" "$SHIM/${pair%%:*}"
-done
+shim() {  # shim DIR TREE: DIR/radixserve/* links onto TREE's folders
+  local pair
+  mkdir -p "$1/radixserve"
+  for pair in engine:engine native:native services:services bench:bench client:clients/python/radixserve/client \
+              v1:clients/python/radixserve/v1 internal:protos/gen/radixserve/internal; do
+    ln -sfn "$2/${pair#*:}" "$1/radixserve/${pair%%:*}"
+  done
+}
+shim /tmp/shim "$PWD"
+[ -d .ab/base ] && shim /tmp/shim-base "$PWD/.ab/base"  # bench/ab_base.sh REV: the tree to compare
 export PYTHONPATH=/tmp/shim:/tmp/site
 if [ -f .fa/fa_pkg.tgz ]; then  # a flash-attn build: fa_pkg/flash_attn and flash_attn_2_cuda*.so
   tar xzf .fa/fa_pkg.tgz -C /tmp && export PYTHONPATH=/tmp/fa_pkg:$PYTHONPATH
@@ -141,6 +147,20 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
   stage "suite $1 eager" 300 "${SUITE[@]}" --model "$1" --parts "$3" "${EAGER[@]}"
 }
 
+# ab:SPEC (SPEC as after "bench:" or "py:" below): the module under this tree, then under the one
+# bench/ab_base.sh put in .ab/base, AB_ROUNDS times (default 2), in turn on this machine: hosts differ
+# by more than most changes, so a before/after pair is only read from one call.
+ab() {
+  local spec=$1 i mod
+  [ -d /tmp/shim-base ] || { echo "ab: no .ab/base (bash bench/ab_base.sh REV, then carry .ab)" | tee -a "$LOG"; return; }
+  case $spec in bench:*) mod=radixserve.bench.${spec#bench:} ;; py:*) mod=${spec#py:} ;; *) mod=$spec ;; esac
+  for i in $(seq "${AB_ROUNDS:-2}"); do
+    stage "ab $spec [this tree, $i]" 300 python3 -m ${mod//:/ }
+    stage "ab $spec [base $(cat .ab/base/REV 2>/dev/null | cut -c1-8), $i]" 300 \
+      env PYTHONPATH=/tmp/shim-base:/tmp/site python3 -m ${mod//:/ }
+  done
+}
+
 for s in "$@"; do
   case $s in
     tests) stage tests 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
@@ -191,6 +211,7 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
           stage "fa-offline $b" 60 "${SUITE[@]}" --model qwen3-0.6b --parts offline \
             --engine attention_backend="$b" --engine page_size=256
         done ;;
+    ab:*) ab "${s#ab:}" ;;
     bench:*) b=${s#bench:}; stage "$s" 300 python3 -m radixserve.bench.${b//:/ } ;;  # e.g. "bench:profile:--model:tiny"
     py:*) b=${s#py:}; stage "$s" 580 python3 -m ${b//:/ } ;;  # any module, e.g. "py:radixserve.bench.soak:--clients:1000"
     *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
