@@ -2,7 +2,8 @@
 # Correctness checks and benchmarks on the GPU machine, in one call. Run from the repository root
 # with the FlashInfer wheels in .whl/ (and, if an earlier run returned it, its JIT cache in .ficache/).
 # The services also need grpcio-health-checking and grpcio-reflection wheels there (and grpcio /
-# protobuf at the versions the committed stubs were generated with); carry native/_prefix.abi3.so
+# protobuf at the versions the committed stubs were generated with, and uvloop, without which they
+# run on asyncio's own loop); carry native/_prefix.abi3.so
 # (with a cffi wheel in .whl/) for the C++ radix tree, else the Python twin runs. .fa/fa_pkg.tgz, where
 # present, holds a flash-attn build (the folder fa_pkg/: the flash_attn package and its extension),
 # unpacked to /tmp and put first on PYTHONPATH; without it the `fa` backend's tests skip.

@@ -7,7 +7,6 @@ the service modules. Addresses default from RADIXSERVE_* environment variables (
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -328,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from radixserve.services.common.lifecycle import (
         die_with_parent,
         dump_stacks_on_sigusr1,
+        run_event_loop,
         setup_logging,
     )
 
@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             raise SystemExit(f"radixserve: {exc}") from None
         return supervisor.run()
-    return asyncio.run(_serve_one(args))
+    return run_event_loop(_serve_one(args))
 
 
 async def _serve_one(args: argparse.Namespace) -> int:

@@ -9,15 +9,39 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
-from typing import NoReturn
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
 log = logging.getLogger(__name__)
 
 PARENT_PID_ENV = "RADIXSERVE_PARENT_PID"
+EVENT_LOOP_ENV = "RADIXSERVE_EVENT_LOOP"
 _PR_SET_PDEATHSIG = 1
+T = TypeVar("T")
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run a service's main coroutine on uvloop, or on asyncio's own loop.
+
+    RADIXSERVE_EVENT_LOOP: "auto" (the default) takes uvloop where it is installed, "uvloop"
+    requires it, "asyncio" never uses it. The gRPC stack is the same on both; uvloop spends less
+    CPU per message, which at one message per token per stream is most of a gateway's work
+    (docs/benchmarks.md, "The event loop").
+    """
+    choice = os.environ.get(EVENT_LOOP_ENV, "auto")
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise SystemExit(f"{EVENT_LOOP_ENV} must be auto, uvloop or asyncio, not {choice!r}")
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise SystemExit(f"{EVENT_LOOP_ENV}=uvloop but uvloop is not installed") from None
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
 
 
 def die_with_parent() -> None:
