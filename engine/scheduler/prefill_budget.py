@@ -36,8 +36,7 @@ class PrefillBudget:
     def __init__(self, unit: BudgetUnit = "tokens", keys_per_token: float | None = None) -> None:
         if unit == "compute" and not (keys_per_token and keys_per_token > 0):
             raise ValueError("a compute budget needs the model's keys_per_token")
-        self.unit = unit
-        self._r = keys_per_token if unit == "compute" else None
+        self._r = keys_per_token if unit == "compute" else None  # None: count tokens
 
     def cost(self, start: int, end: int) -> float:
         """The budget that prefilling positions [start, end) of one prompt takes."""

@@ -50,7 +50,8 @@ class Started:
 
 
 class Delta(NamedTuple):
-    """One per token per stream at full load, so a tuple (as `Output` below)."""
+    """One per token per stream at full load, so a tuple (as the detokenizer's `Output` and
+    `Delta`)."""
 
     token_ids: Sequence[int]
     text: str
