@@ -16,7 +16,8 @@
 #   bash bench/gpu_check.sh STAGE...     stages: tests, cache, small, big, extra, kernels, pieces,
 #                                        pieces-8b, long-curve, long-curve-compute, constrained,
 #                                        serving, serving-8b, fa,
-#                                        dp-shared, abort, mixed, overload
+#                                        dp-shared, abort, mixed, overload, graph-prefill,
+#                                        overload-ab
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV, carrying .ab): MODULE under this tree and
 #   under REV's, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
 #   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
@@ -26,6 +27,10 @@
 #   mixed: decode steps of 128 and 256 rows, alone and each carrying one new prompt of 128 or 512
 #   tokens (bench profile --mixed), host phases split; the decode rows of those steps through the
 #   decode kernel (split_mixed_attention, the default) and through the prefill kernel
+#   graph-prefill: steps of 8, 64 and 128 decode rows, each carrying a prompt of 32, 128 or 250
+#   tokens, with those tokens replayed as decode-graph rows (graph_prefill_keys GRAPH_PREFILL_KEYS,
+#   default 16384, as the engine's) and through the piecewise graphs (0); overload-ab: `overload`
+#   twice each way, in turn
 #   fa: the fa and fa,flashinfer GPU tests, prefill attention of each backend (bench kernels
 #   --parts attention_prefill), and the offline workload (qwen3-0.6b) on flashinfer, fa and
 #   fa,flashinfer at pages of 256. A prefill profile on one backend, for instance:
@@ -148,6 +153,14 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
   stage "suite $1 eager" 300 "${SUITE[@]}" --model "$1" --parts "$3" "${EAGER[@]}"
 }
 
+overload() {  # overload "SERVE FLAGS": 3x the saturating rate through the services
+  save_model qwen3-0.6b
+  local label=${1// /}
+  stage "overload $1" 200 python3 -m radixserve.bench.overload --launch \
+    --model /tmp/models/qwen3-0.6b --duration 30 --json "$OUT/overload${label:+-$label}-$SECONDS.json" \
+    -- --device cuda $1
+}
+
 # ab:SPEC (SPEC as after "bench:" or "py:" below): the module under this tree, then under the one
 # bench/ab_base.sh put in .ab/base, AB_ROUNDS times (default 2), in turn on this machine: hosts differ
 # by more than most changes, so a before/after pair is only read from one call.
@@ -189,10 +202,15 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                --channels $((g == 1 ? 1 : 4)) --json "$OUT/abort-g$g.json" -- --device cuda \
                --gateways $g
            done ;;
-    overload) save_model qwen3-0.6b  # 3x the saturating rate: refusal latency, admitted ITL
-              stage overload 200 python3 -m radixserve.bench.overload --launch \
-                --model /tmp/models/qwen3-0.6b --duration 30 --json "$OUT/overload.json" \
-                -- --device cuda ;;
+    overload) overload "" ;;  # 3x the saturating rate: refusal latency, admitted ITL
+    graph-prefill) for keys in 0 "${GRAPH_PREFILL_KEYS:-16384}"; do  # short prompts in the decode graphs, or not (0)
+                     stage "graph-prefill profile keys=$keys" 200 python3 -m radixserve.bench.profile \
+                       --model qwen3-0.6b --batches 8,64,128 --mixed 32,128,250 --steps 60 --host \
+                       --temperature 0.6 --engine graph_prefill_keys=$keys \
+                       --json "$OUT/graph-prefill-$keys.json"
+                   done ;;
+    overload-ab) k=${GRAPH_PREFILL_KEYS:-16384}
+                 for keys in 0 "$k" 0 "$k"; do overload "--graph-prefill-keys $keys"; done ;;
     mixed) for split in true false; do
              stage "mixed split=$split" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
                --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \

@@ -120,7 +120,8 @@ def _timed_steps(core: EngineCore, steps: int, parts: _PartTimers | None = None,
     timed phases) and finishes at its first token."""
     times: dict[str, list[float]] = defaultdict(list)
     in_flight, core._in_flight = core._in_flight, None  # the step core.step() left in flight
-    rng = random.Random(arrival)
+    # prompts of their own for each batch size: one seen beside another batch would hit the cache
+    rng = random.Random(f"{arrival} tokens beside {len(core.scheduler.running)} rows")
     for i in range(steps):
         if arrival:
             core.add_request(f"a{arrival}-{i}", [rng.randrange(10000) for _ in range(arrival)],

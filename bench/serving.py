@@ -122,12 +122,13 @@ class LevelResult:
 
 
 def _workload(cfg: BenchConfig, vocab: int, level: int = 0) -> Work:
-    """The requests of level `level` (0 first): the same random ones at every level; shared-prefix
-    prefixes of the level's own."""
+    """The requests of level `level` (0 first, the offline baseline's), each level's prompts its
+    own: a prompt an earlier level sent would come from the prefix cache, and the level would
+    measure steps that carry almost no prefill."""
     if cfg.shared_prefix is not None:
         return shared_prefix_work(cfg.shared_prefix, cfg.output_len, vocab, cfg.seed + level)
     return random_work(cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.range_ratio, vocab,
-                       cfg.seed)
+                       cfg.seed + level)
 
 
 async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig,

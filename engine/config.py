@@ -65,6 +65,14 @@ class EngineConfig:
     cpu_kv_tokens: int = 65536  # KV capacity in tokens when num_pages is None on CPU
     cuda_graph: bool = True
     cuda_graph_max_batch: int = 256
+    # Steps with prefill tokens also replay the decode graphs, each new token a decode row of its
+    # own, where those tokens attend to at most this many keys in all (a token at position p
+    # attends to p + 1: 16,384 keys are a prompt of 180 tokens from position 0) and the step has
+    # at most cuda_graph_max_batch tokens. The decode kernel reads a prompt row's keys as it reads
+    # a running request's, about 23 ns a key on an H200 for Qwen3-0.6B, which past ~20k keys costs
+    # more than the host work it saves (docs/benchmarks.md, "Short prompts in the decode graphs").
+    # 0: off (such steps run the piecewise graphs, or eagerly).
+    graph_prefill_keys: int = 16384
     # Steps with prefill tokens of up to this many tokens replay piecewise CUDA graphs
     # (piecewise_graph.py). None: max_prefill_tokens + max_running_requests on CUDA with graphs on,
     # off on CPU; 0: off; a number on CPU runs the same pieces uncaptured (tests).
@@ -97,6 +105,8 @@ class EngineConfig:
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError("cuda_graph_max_batch must be >= 1")
+        if self.graph_prefill_keys < 0:
+            raise ValueError(f"graph_prefill_keys must be >= 0, got {self.graph_prefill_keys}")
         if self.piecewise_graph_max_tokens is not None and self.piecewise_graph_max_tokens < 0:
             raise ValueError("piecewise_graph_max_tokens must be >= 0")
         if self.schedule_policy not in ("fcfs", "lpm"):

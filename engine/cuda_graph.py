@@ -1,4 +1,5 @@
 """Decode steps replayed from CUDA graphs, one captured per padded batch size at start-up.
+(Steps with a few prefill tokens run here too, each token a decode row: ModelRunner._graph_layout.)
 
 A decode step launches a few hundred small kernels; replaying them as one graph removes the host's
 launch cost. Each graph reads static buffers only: the rows' slots and positions (input ids and KV
@@ -91,13 +92,15 @@ class CudaGraphRunner:
     def can_run(self, layout: StepLayout) -> bool:
         return len(layout.seq_lens) <= self.max_batch and layout.is_decode
 
-    def replay(self, slots: list[int], layout: StepLayout) -> torch.Tensor:
-        """Run a decode step of B rows from its graph; returns (B, V) logits (graph-owned: read them
-        before the next replay). Call on the model runner's stream."""
-        B = len(slots)
+    def replay(self, layout: StepLayout) -> torch.Tensor:
+        """Run a decode layout of B rows (its slots on the host) from its graph; returns (B, V)
+        logits (graph-owned: read them before the next replay). Call on the model runner's
+        stream."""
+        assert layout.slot_list is not None, "a replay takes the rows' slots from the host"
+        B = len(layout.slot_list)
         bs = self.sizes[bisect.bisect_left(self.sizes, B)]
         host = torch.zeros(3, bs, dtype=torch.int64)
-        host[0, :B] = torch.tensor(slots, dtype=torch.int64)
+        host[0, :B] = torch.tensor(layout.slot_list, dtype=torch.int64)
         # the one new token's position
         host[1, :B] = torch.tensor(layout.prefix_lens, dtype=torch.int64)
         host[2, :B] = 1

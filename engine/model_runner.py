@@ -162,6 +162,8 @@ class ModelRunner:
             log.warning("attention backend %s cannot run in CUDA graphs at page size %d; decoding "
                         "eagerly", self.backend.name, c.page_size)
             return []
+        if c.graph_prefill_keys:  # steps with prefill tokens have more rows than requests
+            return graph_batch_sizes(c.cuda_graph_max_batch)
         return graph_batch_sizes(min(c.cuda_graph_max_batch, c.max_running_requests))
 
     def _piece_buckets(self) -> list[int]:
@@ -213,14 +215,14 @@ class ModelRunner:
         rows = [i for i, s in enumerate(batch.sample) if s]
         cols = step_columns(batch, slot_list, rows, dev)
         T = cols.num_tokens
-        graph_layout = StepLayout(cols.slots, batch.prefix_lens, batch.seq_lens, cols.slots,
-                                  table.page_table, self.config.page_size, slot_list)
-        if self.graphs is not None and T == len(slot_list) and self.graphs.can_run(graph_layout):
-            logits = self.graphs.replay(slot_list, graph_layout)  # (B, V), every row one new token
+        graph_layout = self._graph_layout(batch, slot_list, cols)
+        if graph_layout is not None:
+            assert self.graphs is not None
+            logits = self.graphs.replay(graph_layout)  # (T, V): every row one new token
             if not rows:
                 return self._no_samples()
-            if len(rows) < len(slot_list):
-                logits = logits[cols.rows]
+            if len(rows) < T:
+                logits = logits[cols.last]
         else:
             # Expanded to one entry per token on the device: on CPU tensors repeat_interleave takes
             # milliseconds at 8k tokens, host time that every prefill step paid.
@@ -254,6 +256,27 @@ class ModelRunner:
         out = self.sampler(logits, sb, table.token_pool)  # (S, V) in the model's dtype
         table.token_pool[cols.sample_slots, cols.sample_pos] = out.tokens
         return self._to_host(rows, out)
+
+    def _graph_layout(self, batch: Batch, slot_list: list[int],
+                      cols: StepColumns) -> StepLayout | None:
+        """The step as rows of one new token each, for the decode graphs; None where they cannot
+        run it. A step with prefill tokens becomes a row per token (`StepLayout.as_decode_rows`)
+        where those attend to at most `graph_prefill_keys` keys: one replay then does what the
+        piecewise graphs do with two attention calls per layer between the pieces, whose host work
+        made a step that admits a short prompt several times a decode step's length."""
+        graphs = self.graphs
+        if graphs is None:
+            return None
+        # out_loc: a placeholder, the graphs gather the KV locations themselves
+        layout = StepLayout(cols.slots, batch.prefix_lens, batch.seq_lens, cols.slots,
+                            self.table.page_table, self.config.page_size, slot_list)
+        T = cols.num_tokens
+        if T != len(slot_list):
+            if T > graphs.max_batch or layout.prefill_keys > self.config.graph_prefill_keys:
+                return None
+            layout = layout.as_decode_rows(
+                torch.repeat_interleave(cols.slots, cols.ext, output_size=T))
+        return layout if graphs.can_run(layout) else None
 
     @staticmethod
     def _no_samples() -> ForwardOutput:

@@ -54,6 +54,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--memory-fraction", "memory_fraction", float),
     ("--cpu-kv-tokens", "cpu_kv_tokens", int),
     ("--cuda-graph-max-batch", "cuda_graph_max_batch", int),
+    ("--graph-prefill-keys", "graph_prefill_keys", int),
     ("--piecewise-graph-max-tokens", "piecewise_graph_max_tokens", int),
     ("--load-format", "load_format", str),
     ("--max-constraint-bytes", "max_constraint_bytes", int),

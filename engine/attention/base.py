@@ -41,6 +41,31 @@ class StepLayout:
     def is_decode(self) -> bool:
         return all(e == 1 for e in self.extend_lens)
 
+    @property
+    def prefill_keys(self) -> int:
+        """Keys that the new tokens of the step's prefill rows (those adding more than one token)
+        attend to, summed."""
+        return sum(attended_keys(p, s) for p, s in zip(self.prefix_lens, self.seq_lens)
+                   if s - p > 1)
+
+    def as_decode_rows(self, row_slots: torch.Tensor) -> StepLayout:
+        """The same attention as a decode layout: every new token a row of its own, whose context
+        is its sequence up to and including itself. Exact because `forward` stores every new
+        token's K/V before any row attends. row_slots: (T,) int64 on the device, each token's slot.
+
+            request at slot 5, positions [3, 6)  ->  rows (slot 5, prefix 3, seq 4),
+                                                         (slot 5, prefix 4, seq 5),
+                                                         (slot 5, prefix 5, seq 6)
+        """
+        assert self.slot_list is not None, "decode rows need the slots on the host"
+        slots: list[int] = []
+        prefix: list[int] = []
+        for slot, p, s in zip(self.slot_list, self.prefix_lens, self.seq_lens):
+            slots += [slot] * (s - p)
+            prefix += range(p, s)
+        return StepLayout(row_slots, prefix, [p + 1 for p in prefix], self.out_loc,
+                          self.page_table, self.page_size, slots)
+
 
 @dataclass
 class AttentionMetadata:
@@ -125,6 +150,12 @@ class AttentionBackend(ABC):
         """Re-plan the captured metadata of `batch_size` for a real decode layout of B <= batch_size
         rows (rows past B are padding). Runs outside the graph, before each replay."""
         raise NotImplementedError
+
+
+def attended_keys(start: int, end: int) -> int:
+    """Keys that causal attention of positions [start, end) of one sequence reads in all: the token
+    at position p attends to p + 1."""
+    return (end * (end + 1) - start * (start + 1)) // 2
 
 
 def into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

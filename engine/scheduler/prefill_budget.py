@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+from radixserve.engine.attention.base import attended_keys
+
 BudgetUnit = Literal["tokens", "compute"]
 
 
@@ -42,8 +44,7 @@ class PrefillBudget:
         """The budget that prefilling positions [start, end) of one prompt takes."""
         if self._r is None:
             return float(end - start)
-        keys = (end * (end + 1) - start * (start + 1)) / 2  # position p attends to p + 1 keys
-        return end - start + keys / self._r
+        return end - start + attended_keys(start, end) / self._r
 
     def chunk_end(self, start: int, limit: int, budget: float) -> int:
         """The end of the longest chunk [start, end), end <= limit, whose cost fits `budget`;

@@ -61,3 +61,17 @@ def test_warm_up_prompts_are_no_workload_prompts() -> None:
     assert len(warm) == 2 and all(len(p) == 52 for p in warm)
     prefixes = {tuple(p[:48]) for p, _ in work}
     assert not any(tuple(p[:48]) in prefixes for p in warm)
+
+
+def test_each_serving_level_sends_prompts_of_its_own() -> None:
+    """A later level's prompts are not an earlier level's, which the prefix cache would serve
+    (a rate level after a concurrency level measured almost no prefill that way); level 0 is the
+    offline baseline's."""
+    from radixserve.bench.serving import BenchConfig, _workload
+
+    cfg = BenchConfig("unused:0", (4,), num_prompts=8, input_len=32, output_len=4,
+                      range_ratio=0.5, request_rate=float("inf"), temperature=0.0, seed=3)
+    levels = [_workload(cfg, vocab=1000, level=i) for i in range(3)]
+    assert levels[0] == _workload(cfg, vocab=1000) == random_work(8, 32, 4, 0.5, 1000, seed=3)
+    prompts = [{tuple(p) for p, _ in work} for work in levels]
+    assert not (prompts[0] & prompts[1] or prompts[0] & prompts[2] or prompts[1] & prompts[2])

@@ -77,6 +77,29 @@ def test_a_step_of_decodes_and_prefill_splits_at_its_last_leading_decode_row(pag
         assert split_layout(lay) is None  # no prefill after them
 
 
+@pytest.mark.parametrize("kind", ["prefill", "chunked", "mixed", "served"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_prefill_as_decode_rows_matches_float64(kind, page_size):
+    """A step with prefill tokens laid out as decode rows, one per new token (what the decode
+    graphs replay for short prompts), attends exactly as the step itself: token i of a prompt
+    sees the tokens stored before it in the same layer, and nothing after it."""
+    case = make_case(kind, 5, page_size, NH, NKV, HD, torch.float32, CPU, seed=13)
+    lay = dataclasses.replace(case.layout, slot_list=case.slots)
+    row_slots = torch.repeat_interleave(lay.slots, torch.tensor(lay.extend_lens))
+    rows = lay.as_decode_rows(row_slots)
+    T = sum(lay.extend_lens)
+    assert rows.is_decode and len(rows.seq_lens) == T == len(rows.slot_list)
+    assert rows.slot_list == row_slots.tolist()
+    assert [s - 1 for s in rows.seq_lens] == rows.prefix_lens
+    assert rows.prefill_keys == 0
+    assert lay.prefill_keys == sum(sum(range(p + 1, s + 1)) for p, s in
+                                   zip(lay.prefix_lens, lay.seq_lens) if s - p > 1)
+    b = create_backend("torch", NH, NKV, HD, CPU, torch.float32)
+    out = b.forward(case.q, case.k, case.v, LAYER, b.prepare(rows), case.pool)
+    assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
+    check_store(case)
+
+
 def test_auto_is_torch_without_cuda_or_16_bit():
     assert resolve_backend_name("auto", CPU, torch.bfloat16) == "torch"
     assert resolve_backend_name("auto", torch.device("cuda"), torch.float32) == "torch"

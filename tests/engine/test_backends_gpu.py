@@ -10,6 +10,8 @@ random-weight checkpoint by the rule of docs/reliability.md #25 (test_engine_gpu
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from attention_cases import LAYER, backend_marks, check_store, make_case, reference, rel_error
@@ -45,35 +47,44 @@ def test_backend_matches_float64(backend, page_size, kind, batch):
 
 @pytest.mark.parametrize("backend", BACKENDS[1:3])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_graph_decode_matches_float64(backend, page_size):
-    """The graph path: plan_graph on a padded batch, captured metadata replayed as a CUDA graph."""
+@pytest.mark.parametrize("kind", ["decode", "served"])
+def test_graph_decode_matches_float64(backend, page_size, kind):
+    """The graph path: plan_graph on a padded batch, captured metadata replayed as a CUDA graph;
+    "served": a step with prompts and chunks beside its decode rows, every new token a decode row
+    of its own (StepLayout.as_decode_rows), as the engine replays short prompts."""
     dev = torch.device("cuda")
     b = create_backend(backend, NH, NKV, HD, dev, torch.bfloat16)
     if not b.supports_cuda_graph(page_size):
         assert backend == "fa" and b.api.version == 2 and page_size % 256, "who else cannot?"
         pytest.skip(f"flash-attn 2 decodes eagerly at page size {page_size} (the engine knows)")
-    case = make_case("decode", 5, page_size, NH, NKV, HD, torch.bfloat16, dev, seed=7)
+    case = make_case(kind, 5, page_size, NH, NKV, HD, torch.bfloat16, dev, seed=7)
+    layout = dataclasses.replace(case.layout, slot_list=case.slots)
+    if kind != "decode":
+        ext = torch.tensor(layout.extend_lens, device=dev)
+        layout = layout.as_decode_rows(torch.repeat_interleave(layout.slots, ext))
+    T = len(layout.seq_lens)
+    G = T + 3  # padded rows past the real ones
     dummy_page = case.spare_page
-    b.init_cuda_graph(8, case.layout.page_table.size(1) // page_size, page_size, dummy_page)
-    q = torch.zeros(8, NH, HD, dtype=torch.bfloat16, device=dev)
-    k = torch.zeros(8, NKV, HD, dtype=torch.bfloat16, device=dev)
+    b.init_cuda_graph(G, case.layout.page_table.size(1) // page_size, page_size, dummy_page)
+    q = torch.zeros(G, NH, HD, dtype=torch.bfloat16, device=dev)
+    k = torch.zeros(G, NKV, HD, dtype=torch.bfloat16, device=dev)
     v = torch.zeros_like(k)
-    out_loc = torch.full((8,), dummy_page * page_size, dtype=torch.int64, device=dev)
-    meta = b.graph_metadata(8, out_loc)
+    out_loc = torch.full((G,), dummy_page * page_size, dtype=torch.int64, device=dev)
+    meta = b.graph_metadata(G, out_loc)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         b.forward(q, k, v, LAYER, meta, case.pool)  # warm-up outside capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             out = b.forward(q, k, v, LAYER, meta, case.pool)
-        b.plan_graph(8, case.layout)
+        b.plan_graph(G, layout)
         q.normal_(), k.normal_(), v.normal_()
-        q[:5], k[:5], v[:5] = case.q, case.k, case.v
-        out_loc[:5] = case.layout.out_loc
+        q[:T], k[:T], v[:T] = case.q, case.k, case.v
+        out_loc[:T] = case.layout.out_loc
         graph.replay()
     torch.cuda.synchronize()
-    err = rel_error(out[:5], reference(case, HD**-0.5))
-    assert err < TOL, f"graph decode {backend} P={page_size}: relative error {err:.2e}"
+    err = rel_error(out[:T], reference(case, HD**-0.5))
+    assert err < TOL, f"graph {kind} {backend} P={page_size}: relative error {err:.2e}"
     check_store(case)
 
 

@@ -37,6 +37,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
                                 "piecewise_graph_max_tokens": 64},
     "flashinfer page1 chunked": {"attention_backend": "flashinfer", "page_size": 1,
                                  "max_prefill_tokens": 48},
+    # chunks of 48 beside the decode rows replayed by the decode graphs, a row per new token
+    "flashinfer prefill in decode graphs": {"attention_backend": "flashinfer",
+                                            "max_prefill_tokens": 48,
+                                            "graph_prefill_keys": 10**9},
     "flashinfer no-overlap": {"attention_backend": "flashinfer", "overlap": False},
     "torch eager": {"attention_backend": "torch", "cuda_graph": False},
     "auto, memory-sized pool": {"num_pages": None, "memory_fraction": 0.05},

@@ -3,12 +3,15 @@ docs/reliability.md #25."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 import torch
 from checkpoints import assert_outputs_vary, hf_greedy, hf_logits
 from radixserve.engine import SamplingParams
+from radixserve.engine.attention import StepLayout
+from radixserve.engine.context import ForwardContext, forward_context
 
 NEW_TOKENS = 16
 
@@ -142,3 +145,61 @@ def test_completions_of_one_prompt_compute_its_kv_once(ckpt, make_llm):
     assert shared == alone and all(len(t) == 8 for t in shared)
     assert alone_cached == 0 and alone_running[0] == 3  # side by side: each computes the prompt
     assert shared_cached == 2 * 32 and shared_running[0] == 1  # the followers matched both pages
+
+
+class EagerDecodeGraphs:
+    """Stands in for the decode CUDA graphs (cuda_graph.py) on CPU: runs each decode layout it is
+    handed eagerly, its inputs gathered from the tables as a replay gathers them."""
+
+    def __init__(self, runner, max_batch: int) -> None:
+        self.runner, self.max_batch = runner, max_batch
+        self.prefill_steps = 0  # replayed steps with rows of one request's prompt
+
+    def can_run(self, layout: StepLayout) -> bool:
+        return len(layout.seq_lens) <= self.max_batch and layout.is_decode
+
+    def replay(self, layout: StepLayout) -> torch.Tensor:
+        r = self.runner
+        self.prefill_steps += len(set(layout.slot_list)) < len(layout.slot_list)
+        slots, pos = torch.tensor(layout.slot_list), torch.tensor(layout.prefix_lens)
+        ids = r.table.token_pool[slots, pos]
+        meta = r.backend.prepare(dataclasses.replace(layout,
+                                                     out_loc=r.table.page_table[slots, pos]))
+        with forward_context(ForwardContext(r.backend, meta, r.kv_pool)):
+            return r.model.compute_logits(r.model(ids, pos))
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+@pytest.mark.parametrize("config", [
+    {"max_prefill_tokens": 16},  # chunks beside decode rows, every step through the graphs
+    {"max_prefill_tokens": 16, "graph_prefill_keys": 600},  # short chunks only; eager beside
+    {"page_size": 1, "max_prefill_tokens": 40},
+])
+def test_prefill_tokens_as_decode_graph_rows_match_transformers(kind, config, ckpt, references,
+                                                                make_llm):
+    """Steps with prefill tokens replayed by the decode graphs, each new token a row of its own
+    (ModelRunner._graph_layout), give transformers' greedy tokens."""
+    prompts = mixed_prompts()
+    ref = references(kind, prompts)
+    llm = make_llm(ckpt(kind), **{"graph_prefill_keys": 10**9, **config})
+    graphs = EagerDecodeGraphs(llm.core.runner, max_batch=64)
+    llm.core.runner.graphs = graphs
+    got = [o.token_ids for o in llm.generate(prompts, greedy())]
+    assert got == ref
+    assert graphs.prefill_steps > 0
+
+
+def test_decode_graphs_take_prefill_tokens_within_their_limits(ckpt, make_llm):
+    """A step with prefill tokens replays the decode graphs only where its prompt tokens attend
+    to at most graph_prefill_keys keys (0: never) and it fits the largest graph."""
+    prompts = mixed_prompts(8, seed=2)
+    seen = {}
+    for limit, max_batch in ((0, 64), (10**9, 8), (10**9, 64)):
+        llm = make_llm(ckpt("qwen3"), max_prefill_tokens=16, graph_prefill_keys=limit)
+        graphs = EagerDecodeGraphs(llm.core.runner, max_batch)
+        llm.core.runner.graphs = graphs
+        seen[limit, max_batch] = ([o.token_ids for o in llm.generate(prompts, greedy())],
+                                  graphs.prefill_steps)
+    # 8 rows hold no 16-token chunk; 64 hold every step
+    assert seen[0, 64][1] == seen[10**9, 8][1] == 0 < seen[10**9, 64][1]
+    assert seen[0, 64][0] == seen[10**9, 8][0] == seen[10**9, 64][0]
