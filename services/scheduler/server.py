@@ -15,6 +15,7 @@ from radixserve.internal.scheduler.v1 import scheduler_pb2 as pb
 from radixserve.internal.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from radixserve.services.common import auth, rpc
 from radixserve.services.common.errors import ErrorInterceptor, unavailable
+from radixserve.services.common.lifecycle import freeze_startup_objects
 from radixserve.services.scheduler import convert
 from radixserve.services.scheduler.compile import GrammarCompiler, split
 from radixserve.services.scheduler.groups import Refused, screen
@@ -56,6 +57,10 @@ class SchedulerApp:
         self.health: rpc.Health | None = None
         self.fatal = asyncio.Event()
         self.model_ready = False
+        # Freeze what loading the model built out of the garbage collector once it is ready
+        # (lifecycle.freeze_startup_objects); the service's entry point sets it, an app run
+        # inside another process (tests) leaves that process's collector alone.
+        self.freeze_when_ready = False
         self.draining = False
         self.stalled = False  # the engine loop has not moved for half the watchdog time
         self._gateways: dict[int, asyncio.Queue[pb.SubmitResponse | None]] = {}
@@ -112,6 +117,8 @@ class SchedulerApp:
 
     # -- event loop side ------------------------------------------------------------------------
     def _set_ready(self) -> None:
+        if self.freeze_when_ready:
+            freeze_startup_objects()
         self.model_ready = True
         log.info("model loaded and warmed up")
         self._aio.create_task(self._update_health())
@@ -272,6 +279,7 @@ async def serve(
                                           engine_config.max_running_requests)
                or faults.wrap_factory(lambda: EngineCore(engine_config)))
     app = SchedulerApp(factory, detokenizer_address, config, secret)
+    app.freeze_when_ready = True  # the model loads after run_until_signal's freeze
     served = await create_server(address, app)
     if metrics_port:
         serve_metrics(metrics_port, lambda: app.loop.stats)
