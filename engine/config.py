@@ -70,8 +70,8 @@ class EngineConfig:
     # attends to p + 1: 16,384 keys are a prompt of 180 tokens from position 0) and the step has
     # at most cuda_graph_max_batch tokens. The decode kernel reads a prompt row's keys as it reads
     # a running request's, about 23 ns a key on an H200 for Qwen3-0.6B, which past ~20k keys costs
-    # more than the host work it saves (docs/benchmarks.md, "Short prompts in the decode graphs").
-    # 0: off (such steps run the piecewise graphs, or eagerly).
+    # more than the host work it saves (docs/benchmarks.md, "GPU, tenth round"). 0: off (such
+    # steps run the piecewise graphs, or eagerly).
     graph_prefill_keys: int = 16384
     # Steps with prefill tokens of up to this many tokens replay piecewise CUDA graphs
     # (piecewise_graph.py). None: max_prefill_tokens + max_running_requests on CUDA with graphs on,

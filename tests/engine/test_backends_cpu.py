@@ -312,17 +312,21 @@ def test_fa2_hybrids_match_float64(fake_fa2, backend, kind, page_size):
     check_store(case)
 
 
-def _graph_sizes(backend, page_size: int) -> list[int]:
+def _graph_sizes(backend, page_size: int, **config: int) -> list[int]:
     """What ModelRunner would capture on a CUDA device for this backend and page size."""
-    config = EngineConfig("unused", page_size=page_size, max_running_requests=8)
-    return ModelRunner._graph_sizes(SimpleNamespace(device=torch.device("cuda"), config=config,
+    engine = EngineConfig("unused", page_size=page_size, max_running_requests=8, **config)
+    return ModelRunner._graph_sizes(SimpleNamespace(device=torch.device("cuda"), config=engine,
                                                     backend=backend))
 
 
 def test_engine_captures_graphs_only_where_the_backend_can_run_them(fake_fa2, caplog):
+    """Up to cuda_graph_max_batch rows, which steps with short prompts fill beyond the request
+    slots (graph_prefill_keys); without those, up to the slots."""
     fa = create_backend("fa", NH, NKV, HD, CPU, torch.float32)
     hybrid = create_backend("fa,torch", NH, NKV, HD, CPU, torch.float32)
-    assert _graph_sizes(fa, 256) == graph_batch_sizes(8)
+    assert _graph_sizes(fa, 256) == graph_batch_sizes(256)
+    assert _graph_sizes(fa, 256, cuda_graph_max_batch=64) == graph_batch_sizes(64)
+    assert _graph_sizes(fa, 256, graph_prefill_keys=0) == graph_batch_sizes(8)
     with caplog.at_level(logging.WARNING, logger="radixserve.engine.model_runner"):
         assert _graph_sizes(fa, 16) == [] and _graph_sizes(hybrid, 256) == []
     assert "fa cannot run in CUDA graphs at page size 16" in caplog.text
