@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from radixserve.engine.causal import attended_keys
 from radixserve.engine.upload import upload_columns
 
 if TYPE_CHECKING:
@@ -150,12 +151,6 @@ class AttentionBackend(ABC):
         """Re-plan the captured metadata of `batch_size` for a real decode layout of B <= batch_size
         rows (rows past B are padding). Runs outside the graph, before each replay."""
         raise NotImplementedError
-
-
-def attended_keys(start: int, end: int) -> int:
-    """Keys that causal attention of positions [start, end) of one sequence reads in all: the token
-    at position p attends to p + 1."""
-    return (end * (end + 1) - start * (start + 1)) // 2
 
 
 def into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

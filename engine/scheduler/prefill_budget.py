@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from radixserve.engine.attention.base import attended_keys
+from radixserve.engine.causal import attended_keys
 
 BudgetUnit = Literal["tokens", "compute"]
 

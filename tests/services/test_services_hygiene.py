@@ -1,6 +1,7 @@
 """Source gates: line budgets (docs/conventions.md #3, the one checker in tools/line_budget.py), one
 protobuf seam per service (docs/conventions.md #2), and no unsafe deserialization in any shipped
-source: engine/, services/, native/, clients/ (docs/reliability.md #27)."""
+source: engine/, services/, native/, clients/ (docs/reliability.md #27); no torch in the services
+that hold no model."""
 
 from __future__ import annotations
 
@@ -117,3 +118,16 @@ def test_unsafe_gate_catches(line: str) -> None:
 @pytest.mark.parametrize("line", ["model.eval()", "torch.load(path, weights_only=True)"])
 def test_unsafe_gate_allows(line: str) -> None:
     assert not UNSAFE.search(line)
+
+
+@pytest.mark.parametrize("module", ["radixserve.services.cli", "radixserve.services.gateway.server",
+                                    "radixserve.services.tokenizer.server",
+                                    "radixserve.services.detokenizer.server"])
+def test_services_without_a_model_import_no_torch(module: str) -> None:
+    """The gateway, tokenizer and detokenizer (and the command line that starts every service)
+    never load torch: it would take seconds to import and some 190 MiB of each one's memory."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
