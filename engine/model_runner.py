@@ -94,7 +94,14 @@ def _comm_capturable() -> bool:
 
 @dataclass
 class ForwardOutput:
-    """Sampled results of one step, on the host once `ready` has completed."""
+    """Sampled results of one step, on the host once `ready` has completed.
+
+    On CUDA every step records `ready`, a step that samples nothing included, and its caller waits
+    for step N - 1 before it plans step N + 1 (EngineCore with overlap, the TP followers). Host
+    buffers that a step's asynchronous copies read are reused on that promise: FlashInfer's plans
+    alternate two pinned buffers (attention/flashinfer_backend.py, `_Planner`). Without a wait, a
+    run of steps that only prefill chunks of long prompts let the host run steps ahead of the
+    device, and a plan overwrote a buffer whose copy had not run yet."""
 
     rows: list[int]  # batch rows that sampled, in order
     sample: SampleOutput  # host tensors (copied asynchronously)
@@ -278,17 +285,21 @@ class ModelRunner:
                 torch.repeat_interleave(cols.slots, cols.ext, output_size=T))
         return layout if graphs.can_run(layout) else None
 
-    @staticmethod
-    def _no_samples() -> ForwardOutput:
+    def _no_samples(self) -> ForwardOutput:
+        """A step that samples no row (every row a chunk that does not end its prompt)."""
         return ForwardOutput([], SampleOutput(torch.empty(0, dtype=torch.int64), None, None, None),
-                             None)
+                             self._step_done())
 
     def _to_host(self, rows: list[int], out: SampleOutput) -> ForwardOutput:
         # non_blocking device-to-host copies land in pinned buffers; the event says when.
         host = SampleOutput(*(t.to("cpu", non_blocking=True) if t is not None else None
                               for t in out))
-        ready = None
-        if self.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
-        return ForwardOutput(rows, host, ready)
+        return ForwardOutput(rows, host, self._step_done())
+
+    def _step_done(self) -> torch.cuda.Event | None:
+        """An event after the step's last work on the stream (CUDA); see ForwardOutput."""
+        if self.device.type != "cuda":
+            return None
+        ready = torch.cuda.Event()
+        ready.record()
+        return ready

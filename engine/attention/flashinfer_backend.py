@@ -56,7 +56,8 @@ class _Planner:
 
     FlashInfer writes its schedule into a pinned buffer and copies it to the device on the stream.
     With one step in flight, the next step is planned before that copy may have run; a second
-    buffer keeps the pending copy's source intact (two steps back has always completed).
+    buffer keeps the pending copy's source intact. Two steps back has always completed: the
+    engine waits for every step's `ForwardOutput.ready`, steps that sample nothing included.
     """
 
     def __init__(self, wrapper: Any) -> None:

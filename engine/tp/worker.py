@@ -26,7 +26,7 @@ from radixserve.engine.distributed import (
     create_comm,
     set_comm,
 )
-from radixserve.engine.model_runner import ModelRunner
+from radixserve.engine.model_runner import ForwardOutput, ModelRunner
 from radixserve.engine.models.config import ModelArgs, read_eos_ids
 from radixserve.engine.tp.channel import HEARTBEAT_S, ControlChannel, open_channel
 from radixserve.engine.tp.launch import rank_device
@@ -68,8 +68,12 @@ def run(config: EngineConfig, store_host: str, store_port: int) -> None:
     runner = ModelRunner(config, args, device, dtype, read_eos_ids(folder))
     store.set(f"ready/{rank}", "1")  # what rank 0's constructor waits for
     decoder = PlanDecoder(runner.table)
+    previous: ForwardOutput | None = None
     while (batch := decoder.decode(channel.recv())) is not None:
-        runner.forward(batch)
+        launched = runner.forward(batch)
+        if previous is not None:  # step N - 1 done before N + 1 is planned (see ForwardOutput)
+            previous.wait()
+        previous = launched
     comm.close()  # the heartbeat thread dies with the process, so the channel stays open
 
 

@@ -21,6 +21,7 @@ import torch
 from attention_cases import backend_marks
 from checkpoints import _common, _save
 from radixserve.engine import LLM, SamplingParams
+from radixserve.engine.model_runner import ForwardOutput
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -145,3 +146,38 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     # This random model's logits are steep (its init makes greedy output vary), so bf16 alone moves
     # logprobs by tenths: the engine's error must stay within transformers bf16's own.
     assert stats["engine_vs_fp32"] < max(LOGPROB_TOL, 1.5 * stats["hf_bf16_vs_fp32"]), stats
+
+
+@pytest.mark.parametrize("config", [{"attention_backend": "flashinfer"},
+                                    {"attention_backend": "flashinfer", "overlap": False,
+                                     "prefill_budget": "compute"}])
+def test_every_step_records_its_end_and_is_waited_on(config, qwen3_hd128, monkeypatch):
+    """A step that samples nothing (each row a chunk in the middle of its prompt) still records an
+    event, and the engine waits for it before it plans two steps on: FlashInfer's plans reuse a
+    pinned host buffer every other step, so a host that ran further ahead overwrote a copy's source
+    before the copy ran (illegal memory accesses while long prompts prefilled alone)."""
+    llm = LLM(str(qwen3_hd128), device="cuda", dtype="bfloat16", num_pages=2048,
+              max_running_requests=4, max_prefill_tokens=32, **config)
+    runner = llm.core.runner
+    launched: list[ForwardOutput] = []
+    waited: list[ForwardOutput] = []
+    forward, wait = runner.forward, ForwardOutput.wait
+
+    def recorded(batch):
+        launched.append(forward(batch))
+        return launched[-1]
+
+    def counted(self):
+        waited.append(self)
+        wait(self)
+
+    monkeypatch.setattr(runner, "forward", recorded)
+    monkeypatch.setattr(ForwardOutput, "wait", counted)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 1000) for _ in range(400)] for _ in range(2)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+    assert all(len(o.token_ids) == 4 for o in outs)
+    assert any(not o.rows for o in launched), "the prompts should have been chunked alone"
+    assert all(o.ready is not None for o in launched)
+    assert {id(o) for o in launched} <= {id(o) for o in waited}
+    llm.core.check_integrity()
