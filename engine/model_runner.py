@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from radixserve.engine import pdl
 from radixserve.engine.attention import StepLayout, create_backend
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.constrained.bitmask import fill_grammar_mask
@@ -119,6 +120,7 @@ class ModelRunner:
         self.eos_ids = eos_ids
         cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if cuda else None
+        self.pdl = pdl.configure(config.pdl, device)  # before any kernel is built or captured
         if config.load_format == "dummy":
             self.model = init_dummy_model(config.model_path, dtype, device, config.seed)
         else:

@@ -9,10 +9,12 @@ match the reference layers to bf16 rounding. Callers fall back to the reference 
 from __future__ import annotations
 
 import torch
+from radixserve.engine import pdl
 
 try:
     import triton
     import triton.language as tl
+    from radixserve.engine.pdl import wait_for_step_data
 except ImportError:
     triton = None
 
@@ -25,7 +27,8 @@ if triton is not None:
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_stride, eps, D: tl.constexpr,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+        wait_for_step_data(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < D
@@ -37,7 +40,8 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, x_stride, eps, D: tl.constexpr,
-                             BLOCK: tl.constexpr):
+                             BLOCK: tl.constexpr, PDL: tl.constexpr):
+        wait_for_step_data(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < D
@@ -56,9 +60,10 @@ if triton is not None:
                              v_out, loc_ptr, qkv_stride, eps, NH: tl.constexpr, NKV: tl.constexpr,
                              HALF: tl.constexpr,
                              HP: tl.constexpr, VP: tl.constexpr, NORM: tl.constexpr,
-                             STORE: tl.constexpr):
+                             STORE: tl.constexpr, PDL: tl.constexpr):
         """One token per program, all its heads at once: rows [0, NH) of the (HP, HALF) tiles are q
         heads, [NH, NH + NKV) k heads. STORE writes k and v straight into the paged KV cache."""
+        wait_for_step_data(PDL)
         t = tl.program_id(0)
         HD: tl.constexpr = 2 * HALF
         h = tl.arange(0, HP)[:, None]
@@ -100,7 +105,9 @@ if triton is not None:
             tl.store(v_out + row * NKV * HD + j, v.to(v_out.dtype.element_ty), mask=j < NKV * HD)
 
     @triton.jit
-    def _silu_mul_kernel(x_ptr, out_ptr, x_stride, I: tl.constexpr, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(x_ptr, out_ptr, x_stride, I: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
+        wait_for_step_data(PDL)
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < I
@@ -119,7 +126,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if rows.size(0):
         _rms_norm_kernel[(rows.size(0),)](rows, weight, out, rows.stride(0), eps, D=D,
                                           BLOCK=triton.next_power_of_2(D),
-                                          num_warps=4 if D <= 2048 else 8)
+                                          num_warps=4 if D <= 2048 else 8, PDL=pdl.enabled(),
+                                          **pdl.launch_kwargs())
     return out.view(x.shape)
 
 
@@ -132,7 +140,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     out = torch.empty(T, D, dtype=x.dtype, device=x.device)
     if T:
         _add_rms_norm_kernel[(T,)](x, residual, weight, out, x.stride(0), eps, D=D,
-                                   BLOCK=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8)
+                                   BLOCK=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8,
+                                   PDL=pdl.enabled(), **pdl.launch_kwargs())
     return out, residual
 
 
@@ -161,7 +170,8 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
             qkv.stride(0), eps, NH=num_heads, NKV=num_kv_heads, HALF=head_dim // 2, HP=heads,
             VP=triton.next_power_of_2(num_kv_heads * head_dim), NORM=norm,
             STORE=kv_cache is not None,
-            num_warps=4 if heads * head_dim <= 4096 else 8)
+            num_warps=4 if heads * head_dim <= 4096 else 8, PDL=pdl.enabled(),
+            **pdl.launch_kwargs())
     return q, (k_out if kv_cache is None else None)
 
 
@@ -177,5 +187,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if N:
         block = 1024
         _silu_mul_kernel[(N, triton.cdiv(I, block))](x, out, x.stride(0), I=I, BLOCK=block,
-                                                     num_warps=4)
+                                                     num_warps=4, PDL=pdl.enabled(),
+                                                     **pdl.launch_kwargs())
     return out

@@ -28,10 +28,12 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from radixserve.engine import pdl
 
 try:
     import triton
     import triton.language as tl
+    from radixserve.engine.pdl import wait_for_step_data
 except ImportError:
     triton = None
 
@@ -49,56 +51,76 @@ PLAIN, GATED, NORMED = 0, 1, 2  # what the kernel's input is: x, silu(gate) * up
 if triton is not None:
 
     @triton.jit
+    def _weights(w_ptr, n, n_mask, k, K, STREAM: tl.constexpr):
+        """One slab of weight rows, (BLOCK_N, BLOCK_K)."""
+        w_mask = n_mask[:, None] & (k < K)[None, :]
+        if STREAM:  # read once: keep L2 for the inputs and the next kernel's data
+            return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=w_mask, other=0.0,
+                           eviction_policy="evict_first")
+        return tl.load(w_ptr + n[:, None] * K + k[None, :], mask=w_mask, other=0.0)
+
+    @triton.jit
+    def _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT: tl.constexpr,
+                HAS_RES: tl.constexpr):
+        """The product's input over one slab of columns, (MP, BLOCK_K) float32. scale (MP, 1):
+        the rows' RMS scale (INPUT 2)."""
+        dt = out_ptr.dtype.element_ty
+        k_mask = k < K
+        mk = m_mask[:, None] & k_mask[None, :]
+        if INPUT == 1:  # [gate | up] rows: SiLU rounds before the product, as in eager
+            g = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
+            u = tl.load(x_rows + K + k[None, :], mask=mk, other=0.0).to(tl.float32)
+            x = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
+        elif INPUT == 2:
+            h = tl.load(x_rows + k[None, :], mask=mk, other=0.0)
+            if HAS_RES:
+                h = (h.to(tl.float32) + tl.load(r_ptr + m[:, None] * K + k[None, :], mask=mk,
+                                                other=0.0).to(tl.float32)).to(dt)
+            nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            x = ((h.to(tl.float32) * scale).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
+        else:
+            x = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
+        return x
+
+    @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, r_out_ptr, nw_ptr, eps, N, K, x_stride,
                      out_stride, M: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr,
                      HAS_BIAS: tl.constexpr, INPUT: tl.constexpr, HAS_RES: tl.constexpr,
-                     STREAM: tl.constexpr):
+                     STREAM: tl.constexpr, PDL: tl.constexpr):
         pid = tl.program_id(0)
         n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, MP)
         n_mask, m_mask = n < N, m < M
         dt = out_ptr.dtype.element_ty
         x_rows = x_ptr + m[:, None] * x_stride
+        # The first slab of weights is read before the wait for the kernels before this one (no
+        # kernel of a step writes weights): with PDL it streams in while they finish.
+        k = tl.arange(0, BLOCK_K)
+        w = _weights(w_ptr, n, n_mask, k, K, STREAM)
+        wait_for_step_data(PDL)
+        scale = tl.full((MP, 1), 1.0, tl.float32)
         if INPUT == 2:  # first pass: the rows' mean square (and the new residual, by program 0)
             ss = tl.zeros((MP,), dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
-                k = k0 + tl.arange(0, BLOCK_K)
-                mk = m_mask[:, None] & (k < K)[None, :]
-                h = tl.load(x_rows + k[None, :], mask=mk, other=0.0)
+                kk = k0 + tl.arange(0, BLOCK_K)
+                mk = m_mask[:, None] & (kk < K)[None, :]
+                h = tl.load(x_rows + kk[None, :], mask=mk, other=0.0)
                 if HAS_RES:  # the residual stream is rounded after each add, as in eager
-                    h = (h.to(tl.float32) + tl.load(r_ptr + m[:, None] * K + k[None, :], mask=mk,
-                                                    other=0.0).to(tl.float32)).to(dt)
+                    h = (h.to(tl.float32) + tl.load(r_ptr + m[:, None] * K + kk[None, :],
+                                                    mask=mk, other=0.0).to(tl.float32)).to(dt)
                     if pid == 0:
-                        tl.store(r_out_ptr + m[:, None] * K + k[None, :], h, mask=mk)
+                        tl.store(r_out_ptr + m[:, None] * K + kk[None, :], h, mask=mk)
                 h = h.to(tl.float32)
                 ss += tl.sum(h * h, axis=1)
             scale = tl.rsqrt(ss / K + eps)[:, None]  # (MP, 1)
-        acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        x = _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT, HAS_RES)
+        acc = tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)  # (MP, BLOCK_N)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = k < K
-            mk = m_mask[:, None] & k_mask[None, :]
-            w_mask = n_mask[:, None] & k_mask[None, :]
-            if STREAM:  # read once: keep L2 for the inputs and the next kernel's data
-                w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=w_mask, other=0.0,
-                            eviction_policy="evict_first")
-            else:
-                w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=w_mask, other=0.0)
-            if INPUT == 1:  # [gate | up] rows: SiLU rounds before the product, as in eager
-                g = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
-                u = tl.load(x_rows + K + k[None, :], mask=mk, other=0.0).to(tl.float32)
-                x = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
-            elif INPUT == 2:
-                h = tl.load(x_rows + k[None, :], mask=mk, other=0.0)
-                if HAS_RES:
-                    h = (h.to(tl.float32) + tl.load(r_ptr + m[:, None] * K + k[None, :], mask=mk,
-                                                    other=0.0).to(tl.float32)).to(dt)
-                nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-                x = ((h.to(tl.float32) * scale).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
-            else:
-                x = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
-            acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)  # (MP, BLOCK_N)
+            w = _weights(w_ptr, n, n_mask, k, K, STREAM)
+            x = _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT, HAS_RES)
+            acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + m[:, None] * out_stride + n[None, :], acc.to(dt),
@@ -208,5 +230,5 @@ def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         eps, N, K, x.stride(0), out.stride(0), M=M, MP=triton.next_power_of_2(M), BLOCK_N=block_n,
         BLOCK_K=block_k,
         HAS_BIAS=bias is not None, INPUT=input, HAS_RES=residual is not None, STREAM=stream,
-        num_warps=warps)
+        num_warps=warps, PDL=pdl.enabled(), **pdl.launch_kwargs())
     return out, r_out

@@ -1,0 +1,71 @@
+"""Programmatic dependent launch (PDL) for the Triton kernels of a step (CUDA, compute 9.0+).
+
+At a small batch a decode step is a chain of about 200 kernels of a few microseconds each, replayed
+from a CUDA graph. Between two of them the GPU drains one grid before it starts the next: a gap of
+a microsecond or two, on every edge of the chain. A kernel launched with PDL may start while the
+kernel before it is still running, so its start-up overlaps that kernel's tail.
+
+What keeps the chain ordered as without PDL: every kernel launched with PDL waits (`gdc_wait`)
+before its first read of anything a kernel of the step writes and before its first write. When it
+completes, the kernel before it has completed, and so, by the same rule, has every kernel before
+that. Before its wait a kernel reads only what no step writes: the GEMV streams its first slab of
+weights there (layers/gemv.py). Right after its wait each kernel lets the next one launch
+(`gdc_launch_dependents`). Kernels launched without PDL (cuBLAS, torch) wait for the whole grid
+before them, as always; FlashInfer's decode kernel takes part on its own (`enable_pdl`).
+
+`configure` is called by the model runner at start-up (EngineConfig.pdl); the kernels ask
+`launch_kwargs` at each launch, and graph captures keep what it said then.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+_enabled = False
+
+if triton is not None:
+
+    @triton.jit
+    def wait_for_step_data(PDL: tl.constexpr):
+        """In a kernel launched with `launch_kwargs()` (PDL True): wait until the kernels before
+        this one have completed, then let the next one launch."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+
+
+def supported(device: torch.device) -> bool:
+    """PDL needs a CUDA device of compute capability 9.0 or later and a Triton that has it."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def configure(on: bool, device: torch.device) -> bool:
+    """Launch the step's Triton kernels with PDL from now on, where `on` and the device allows;
+    returns whether they will."""
+    global _enabled
+    _enabled = on and supported(device)
+    return _enabled
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def launch_kwargs() -> dict[str, Any]:
+    """Extra launch options of a kernel that takes part: {} while PDL is off (so Triton's
+    interpreter, which has no such option, never sees one)."""
+    return {"launch_pdl": True} if _enabled else {}

@@ -1,0 +1,59 @@
+"""The layers' Triton kernels run by Triton's interpreter on a CPU (where no GPU runs them itself:
+tests/engine/test_fused_gpu.py does there). The GEMV reads its first slab of weights before it
+waits for the kernels before it (engine/pdl.py), then the rest in its loop: its three input forms,
+over one slab and over several, give torch's products."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_INTERPRETED = """
+import torch
+import torch.nn.functional as F
+from radixserve.engine.layers import fused, gemv
+
+torch.manual_seed(0)
+for M, N, K, block_k in [(1, 64, 96, 128), (2, 48, 2100, 1024), (3, 32, 5000, 2048)]:
+    blocks = gemv.Blocks(16, block_k, 4, stream=K >= 2048)
+    x, w, b = torch.randn(M, K), torch.randn(N, K), torch.randn(N)
+    tol = 1e-6 * K
+    assert torch.allclose(gemv.gemv(x, w, b, blocks), x @ w.T + b, atol=tol), "plain"
+    gate_up = torch.randn(M, 2 * K)
+    g, u = gate_up.chunk(2, dim=-1)
+    assert torch.allclose(gemv.gated_gemv(gate_up, w, None, blocks), (F.silu(g) * u) @ w.T,
+                          atol=tol), "gated"
+    r, nw = torch.randn(M, K), torch.randn(K)
+    y, s = gemv.normed_gemv(x, r, nw, 1e-6, w, None, blocks)
+    h = x + r
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * nw
+    assert torch.equal(s, h) and torch.allclose(y, normed @ w.T, atol=tol), "normed"
+x, r, nw = torch.randn(5, 128), torch.randn(5, 128), torch.randn(128)
+out, _ = fused.add_rms_norm(x, r.clone(), nw, 1e-6)
+h = x + r
+assert torch.allclose(out, h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * nw,
+                      atol=1e-5), "add_rms_norm"
+gate_up = torch.randn(3, 2048)
+assert torch.allclose(fused.silu_and_mul(gate_up),
+                      F.silu(gate_up[:, :1024]) * gate_up[:, 1024:], atol=1e-6), "silu_and_mul"
+print("interpreted kernels match")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="the GPU runs the kernels itself (test_fused_gpu.py); the interpreter "
+                           "stands in for it on CPU-only machines")
+def test_gemv_and_fused_kernels_in_the_triton_interpreter():
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "interpreted kernels match" in done.stdout, done.stdout
