@@ -5,13 +5,7 @@ over one slab and over several, give torch's products."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-import torch
+from triton_interpreter import cpu_only, run_interpreted
 
 _INTERPRETED = """
 import torch
@@ -45,15 +39,6 @@ print("interpreted kernels match")
 """
 
 
-@pytest.mark.skipif(torch.cuda.is_available(),
-                    reason="the GPU runs the kernels itself (test_fused_gpu.py); the interpreter "
-                           "stands in for it on CPU-only machines")
+@cpu_only
 def test_gemv_and_fused_kernels_in_the_triton_interpreter():
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "interpreted kernels match" in done.stdout, done.stdout
+    assert "interpreted kernels match" in run_interpreted(_INTERPRETED)

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 from radixserve.engine import InvalidRequestError, SamplingParams
+from triton_interpreter import cpu_only, run_interpreted
 
 PROMPTS = [[5, 17, 99, 203, 7], [300, 2, 41], [12, 12, 12, 800, 45, 46, 47, 48], [600, 601]]
 
@@ -285,25 +286,12 @@ for logits, temp, seeds, greedy in _race_cases("cpu"):
 """
 
 
-@pytest.mark.skipif(torch.cuda.is_available(),
-                    reason="the GPU runs the kernel itself (the test below); the interpreter "
-                           "stands in for it on CPU-only machines")
+@cpu_only
 def test_race_kernel_in_the_triton_interpreter():
     """The Triton draw, run on the CPU by Triton's interpreter: the split over parts, the pick
     among them and the keys derived in the kernel give the torch draw's tokens exactly."""
-    pytest.importorskip("triton")
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", _INTERPRETED_RACE], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "(1, 151936) (75, 1)" in done.stdout, done.stdout
+    out = run_interpreted(_INTERPRETED_RACE)
+    assert "(1, 151936) (75, 1)" in out, out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
