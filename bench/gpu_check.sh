@@ -17,7 +17,7 @@
 #                                        pieces-8b, long-curve, long-curve-compute, constrained,
 #                                        serving, serving-8b, fa,
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
-#                                        overload-ab
+#                                        overload-ab, pdl
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV, carrying .ab): MODULE under this tree and
 #   under REV's, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
 #   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
@@ -31,6 +31,8 @@
 #   tokens, with those tokens replayed as decode-graph rows (graph_prefill_keys GRAPH_PREFILL_KEYS,
 #   default 16384, as the engine's) and through the piecewise graphs (0); overload-ab: `overload`
 #   twice each way, in turn
+#   pdl: batch-1 decode (Qwen3-0.6B twice, Qwen3-8B) and the offline workload with the Triton
+#   kernels launched by programmatic dependent launch and without, in turn
 #   fa: the fa and fa,flashinfer GPU tests, prefill attention of each backend (bench kernels
 #   --parts attention_prefill), and the offline workload (qwen3-0.6b) on flashinfer, fa and
 #   fa,flashinfer at pages of 256. A prefill profile on one backend, for instance:
@@ -211,6 +213,14 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                    done ;;
     overload-ab) k=${GRAPH_PREFILL_KEYS:-16384}
                  for keys in 0 "$k" 0 "$k"; do overload "--graph-prefill-keys $keys"; done ;;
+    pdl) for m in qwen3-0.6b qwen3-0.6b qwen3-8b; do  # programmatic dependent launch on, off
+           for v in true false; do
+             stage "pdl=$v $m latency" 200 "${SUITE[@]}" --model $m --parts latency --engine pdl=$v
+           done
+         done
+         for v in true false; do
+           stage "pdl=$v offline" 200 "${SUITE[@]}" --model qwen3-0.6b --parts offline --engine pdl=$v
+         done ;;
     mixed) for split in true false; do
              stage "mixed split=$split" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
                --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \

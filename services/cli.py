@@ -32,6 +32,14 @@ def _env(dest: str) -> str:
     return value
 
 
+def _on_off(text: str) -> bool:
+    """An engine switch given as on / off (true / false: how `engine_argv` renders it)."""
+    value = {"on": True, "true": True, "off": False, "false": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected on or off, not {text!r}")
+    return value
+
+
 # Engine flags: (flag, EngineConfig field, type). Rendered back to argv for the scheduler child.
 ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--device", "device", str),
@@ -55,6 +63,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--cpu-kv-tokens", "cpu_kv_tokens", int),
     ("--cuda-graph-max-batch", "cuda_graph_max_batch", int),
     ("--graph-prefill-keys", "graph_prefill_keys", int),
+    ("--pdl", "pdl", _on_off),
     ("--piecewise-graph-max-tokens", "piecewise_graph_max_tokens", int),
     ("--load-format", "load_format", str),
     ("--max-constraint-bytes", "max_constraint_bytes", int),

@@ -17,6 +17,18 @@ def test_cli_engine_flags_round_trip_to_the_scheduler_child() -> None:
     assert not engine.overlap and engine.cache == "naive" and engine.num_pages == 64
 
 
+def test_cli_pdl_is_an_on_off_switch_that_reaches_the_child() -> None:
+    from radixserve.services.cli import build_parser, engine_argv, engine_config
+
+    parser = build_parser()
+    assert not engine_config(parser.parse_args(["serve"]), "/m").pdl  # off unless asked for
+    engine = engine_config(parser.parse_args(["serve", "--pdl", "on"]), "/m")
+    assert engine.pdl
+    assert engine_config(parser.parse_args(["scheduler", *engine_argv(engine)]), "/m").pdl
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--pdl", "maybe"])
+
+
 def test_cli_serve_takes_replicas_and_routing() -> None:
     from radixserve.services.cli import build_parser
 
