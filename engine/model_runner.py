@@ -120,7 +120,7 @@ class ModelRunner:
         self.eos_ids = eos_ids
         cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if cuda else None
-        self.pdl = pdl.configure(config.pdl, device)  # before any kernel is built or captured
+        self.uses_pdl = pdl.configure(config.pdl, device)  # before any kernel is built or captured
         if config.load_format == "dummy":
             self.model = init_dummy_model(config.model_path, dtype, device, config.seed)
         else:
