@@ -13,8 +13,8 @@ weights there (layers/gemv.py). Right after its wait each kernel lets the next o
 (`gdc_launch_dependents`). Kernels launched without PDL (cuBLAS, torch) wait for the whole grid
 before them, as always; FlashInfer's decode kernel takes part on its own (`enable_pdl`).
 
-`configure` is called by the model runner at start-up (EngineConfig.pdl); the kernels ask
-`launch_kwargs` at each launch, and graph captures keep what it said then.
+`configure` is called by the model runner at start-up (EngineConfig.pdl); each launch passes
+`launch_kwargs()`, and graph captures keep what it said then.
 """
 
 from __future__ import annotations
@@ -61,11 +61,8 @@ def configure(on: bool, device: torch.device) -> bool:
     return _enabled
 
 
-def enabled() -> bool:
-    return _enabled
-
-
 def launch_kwargs() -> dict[str, Any]:
-    """Extra launch options of a kernel that takes part: {} while PDL is off (so Triton's
-    interpreter, which has no such option, never sees one)."""
-    return {"launch_pdl": True} if _enabled else {}
+    """What a kernel that takes part is launched with: its `PDL: tl.constexpr` argument (passed
+    on to `wait_for_step_data`) and, while PDL is on, Triton's launch option (left out while off,
+    so Triton's interpreter, which has no such option, never sees one)."""
+    return {"PDL": True, "launch_pdl": True} if _enabled else {"PDL": False}

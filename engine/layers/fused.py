@@ -126,8 +126,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if rows.size(0):
         _rms_norm_kernel[(rows.size(0),)](rows, weight, out, rows.stride(0), eps, D=D,
                                           BLOCK=triton.next_power_of_2(D),
-                                          num_warps=4 if D <= 2048 else 8, PDL=pdl.enabled(),
-                                          **pdl.launch_kwargs())
+                                          num_warps=4 if D <= 2048 else 8, **pdl.launch_kwargs())
     return out.view(x.shape)
 
 
@@ -141,7 +140,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     if T:
         _add_rms_norm_kernel[(T,)](x, residual, weight, out, x.stride(0), eps, D=D,
                                    BLOCK=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8,
-                                   PDL=pdl.enabled(), **pdl.launch_kwargs())
+                                   **pdl.launch_kwargs())
     return out, residual
 
 
@@ -170,8 +169,7 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
             qkv.stride(0), eps, NH=num_heads, NKV=num_kv_heads, HALF=head_dim // 2, HP=heads,
             VP=triton.next_power_of_2(num_kv_heads * head_dim), NORM=norm,
             STORE=kv_cache is not None,
-            num_warps=4 if heads * head_dim <= 4096 else 8, PDL=pdl.enabled(),
-            **pdl.launch_kwargs())
+            num_warps=4 if heads * head_dim <= 4096 else 8, **pdl.launch_kwargs())
     return q, (k_out if kv_cache is None else None)
 
 
@@ -187,6 +185,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if N:
         block = 1024
         _silu_mul_kernel[(N, triton.cdiv(I, block))](x, out, x.stride(0), I=I, BLOCK=block,
-                                                     num_warps=4, PDL=pdl.enabled(),
-                                                     **pdl.launch_kwargs())
+                                                     num_warps=4, **pdl.launch_kwargs())
     return out

@@ -230,5 +230,5 @@ def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         eps, N, K, x.stride(0), out.stride(0), M=M, MP=triton.next_power_of_2(M), BLOCK_N=block_n,
         BLOCK_K=block_k,
         HAS_BIAS=bias is not None, INPUT=input, HAS_RES=residual is not None, STREAM=stream,
-        num_warps=warps, PDL=pdl.enabled(), **pdl.launch_kwargs())
+        num_warps=warps, **pdl.launch_kwargs())
     return out, r_out
