@@ -76,7 +76,7 @@ class EngineConfig:
     # True: the step's Triton kernels (norms, rotary, the small-batch GEMV) start while the kernel
     # before them finishes, by programmatic dependent launch, on GPUs that have it (compute 9.0+;
     # engine/pdl.py). False: each waits for the whole kernel before it.
-    pdl: bool = False
+    pdl: bool = True
     # Steps with prefill tokens of up to this many tokens replay piecewise CUDA graphs
     # (piecewise_graph.py). None: max_prefill_tokens + max_running_requests on CUDA with graphs on,
     # off on CPU; 0: off; a number on CPU runs the same pieces uncaptured (tests).

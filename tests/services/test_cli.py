@@ -21,10 +21,10 @@ def test_cli_pdl_is_an_on_off_switch_that_reaches_the_child() -> None:
     from radixserve.services.cli import build_parser, engine_argv, engine_config
 
     parser = build_parser()
-    assert not engine_config(parser.parse_args(["serve"]), "/m").pdl  # off unless asked for
-    engine = engine_config(parser.parse_args(["serve", "--pdl", "on"]), "/m")
-    assert engine.pdl
-    assert engine_config(parser.parse_args(["scheduler", *engine_argv(engine)]), "/m").pdl
+    assert engine_config(parser.parse_args(["serve"]), "/m").pdl  # on unless turned off
+    engine = engine_config(parser.parse_args(["serve", "--pdl", "off"]), "/m")
+    assert not engine.pdl
+    assert not engine_config(parser.parse_args(["scheduler", *engine_argv(engine)]), "/m").pdl
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--pdl", "maybe"])
 
