@@ -157,6 +157,52 @@ def _graphed_decode(fi: Any, workspace: torch.Tensor, tensor_cores: bool, opts: 
     return _graphed_us(lambda cache: wrapper.run(q, cache), caches), out
 
 
+def small_decode() -> list[dict[str, Any]]:
+    """Decode attention in CUDA graphs at a few rows: attention/small_decode.py's kernels against
+    FlashInfer's graph-mode decode (plan as the backend's), both launched with programmatic
+    dependent launch as in a served step; device us per call, and the largest difference."""
+    import flashinfer
+    from radixserve.engine import pdl
+    from radixserve.engine.attention.small_decode import SmallBatchDecode
+
+    dev = torch.device("cuda")
+    pdl.configure(True, dev)
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    nkv, hd, P = DECODE_NKV, DECODE_HD, DECODE_P
+    rows = []
+    for nh in (16, 32):
+        for B in (1, 2, 4, 8, 16, 32):
+            for ctx in (128, 512, 2048, 8192):
+                pages = B * ctx // P
+                kv_bytes = 2 * B * ctx * nkv * hd * 2
+                copies = max(1, min(64, (512 << 20) // kv_bytes))
+                kv = torch.randn(copies, 2, pages, P, nkv, hd, device=dev, dtype=torch.bfloat16)
+                caches = [(kv[i, 0], kv[i, 1]) for i in range(copies)]
+                q = torch.randn(B, nh, hd, device=dev, dtype=torch.bfloat16)
+                perm = torch.randperm(pages, device=dev)
+                plan_args = (torch.arange(B + 1, dtype=torch.int32) * (ctx // P), perm.int(),
+                             torch.full((B,), P, dtype=torch.int32))
+                fi_us, ref = _graphed_decode(flashinfer, workspace, False, {}, q, caches, plan_args)
+                table = perm.view(B, -1)[:, :, None] * P + torch.arange(P, device=dev)
+                table = table.view(B, ctx)
+                small = SmallBatchDecode(nh, nkv, hd, hd**-0.5, B, table)
+                small.plan(B, list(range(B)), [ctx] * B)
+                call = small.bind(B)
+                out = torch.empty_like(q)
+
+                def ours(cache: tuple[torch.Tensor, torch.Tensor]) -> None:
+                    call(q, cache[0], cache[1], out)
+
+                ours(caches[0])
+                diff = float((out.float() - ref.float()).abs().max())
+                us = _graphed_us(ours, caches)
+                rows.append({"kernel": f"small decode nh={nh} B={B} ctx={ctx}",
+                             "flashinfer_us": fi_us, "small_us": us, "maxdiff": diff,
+                             "small_TB_s": kv_bytes / us / 1e6})
+                del kv, caches
+    return rows
+
+
 # (name, N, K): the linear layers of Qwen3-0.6B and Qwen3-8B (qkv, o, gate_up, down, lm_head).
 GEMV_SHAPES = [("0.6b qkv", 4096, 1024), ("0.6b o", 1024, 2048), ("0.6b gate_up", 6144, 1024),
                ("0.6b down", 1024, 3072), ("0.6b lm_head", 151936, 1024), ("8b qkv", 6144, 4096),
@@ -279,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     # decode_variants is opt-in: on a fresh machine it JIT-compiles FlashInfer's tensor-core decode,
     # which took longer than the whole 300 s kernels stage of gpu_check.sh.
     ap.add_argument("--parts", default="ceilings,kv_store,flashinfer_decode,gemv",
-                    help="comma-separated; also decode_variants, attention_prefill")
+                    help="comma-separated; also decode_variants, attention_prefill, small_decode")
     a = ap.parse_args(argv)
     for part in (globals()[p] for p in a.parts.split(",")):
         try:

@@ -73,6 +73,10 @@ class EngineConfig:
     # more than the host work it saves (docs/benchmarks.md, "GPU, tenth round"). 0: off (such
     # steps run the piecewise graphs, or eagerly).
     graph_prefill_keys: int = 16384
+    # Decode graphs of up to this many rows run the attention of attention/small_decode.py (Triton,
+    # its KV split decided on the device from each row's length, no plan per step) where the
+    # backend is flashinfer; larger ones FlashInfer's decode kernel. 0: FlashInfer's always.
+    small_decode_rows: int = 8
     # True: the step's Triton kernels (norms, rotary, the small-batch GEMV) start while the kernel
     # before them finishes, by programmatic dependent launch, on GPUs that have it (compute 9.0+;
     # engine/pdl.py). False: each waits for the whole kernel before it.
@@ -109,6 +113,8 @@ class EngineConfig:
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError("cuda_graph_max_batch must be >= 1")
+        if self.small_decode_rows < 0:
+            raise ValueError(f"small_decode_rows must be >= 0, got {self.small_decode_rows}")
         if self.graph_prefill_keys < 0:
             raise ValueError(f"graph_prefill_keys must be >= 0, got {self.graph_prefill_keys}")
         if self.piecewise_graph_max_tokens is not None and self.piecewise_graph_max_tokens < 0:

@@ -36,7 +36,8 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 class CudaGraphRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, kv_pool: KVCachePool,
                  table: TableManager, batch_sizes: list[int], dummy_page: int,
-                 stream: torch.cuda.Stream, capture_error_mode: str = "global") -> None:
+                 stream: torch.cuda.Stream, capture_error_mode: str = "global",
+                 small_decode_rows: int = 0) -> None:
         assert batch_sizes, "no batch sizes to capture"
         self.model, self.backend, self.kv_pool, self.table = model, backend, kv_pool, table
         self.sizes = sorted(batch_sizes)
@@ -49,7 +50,8 @@ class CudaGraphRunner:
         self.inputs = torch.zeros(3, G, dtype=torch.int64, device=dev)
         self.out_loc = torch.full((G,), self.dummy_loc, dtype=torch.int64, device=dev)
         P = kv_pool.page_size
-        backend.init_cuda_graph(G, table.width // P, P, dummy_page)
+        backend.init_cuda_graph(G, table.width // P, P, dummy_page, table.page_table,
+                                small_decode_rows)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # (bs, V) outputs, owned by the graph pool
 

@@ -155,7 +155,8 @@ class ModelRunner:
         mode = "thread_local" if comm.world_size > 1 else "global"
         if graph_sizes and self.stream is not None:
             self.graphs = CudaGraphRunner(self.model, self.backend, self.kv_pool, self.table,
-                                          graph_sizes, self.num_pages, self.stream, mode)
+                                          graph_sizes, self.num_pages, self.stream, mode,
+                                          config.small_decode_rows)
             self.graph_bytes = self.graphs.capture(progress=comm.rank == 0)
         self.pieces: PiecewiseGraphRunner | None = None
         if piece_buckets:

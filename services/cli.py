@@ -63,6 +63,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--cpu-kv-tokens", "cpu_kv_tokens", int),
     ("--cuda-graph-max-batch", "cuda_graph_max_batch", int),
     ("--graph-prefill-keys", "graph_prefill_keys", int),
+    ("--small-decode-rows", "small_decode_rows", int),
     ("--pdl", "pdl", _on_off),
     ("--piecewise-graph-max-tokens", "piecewise_graph_max_tokens", int),
     ("--load-format", "load_format", str),

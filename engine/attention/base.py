@@ -132,10 +132,15 @@ class AttentionBackend(ABC):
 
     # -- CUDA graphs (decode only) ----------------------------------------------------------------
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
-                        dummy_page: int) -> None:
+                        dummy_page: int, page_table: torch.Tensor | None = None,
+                        small_decode_rows: int = 0) -> None:
         """Allocate the static buffers that captured decode graphs read.
 
         `dummy_page` is a KV page no request owns: padded rows attend to it and write into it.
+        `page_table` (slots, width) int64 maps a request's positions to KV locations (the
+        `StepLayout` page table, the same tensor every step): graphs of up to `small_decode_rows`
+        rows may read it directly, where the backend has such a kernel (EngineConfig.
+        small_decode_rows).
         """
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 

@@ -13,6 +13,8 @@ wrapper, that this FlashInfer matches what that module mirrors; otherwise, or wi
 they go through the wrapper's plan and run. Which one is logged once. Eager decode steps and the
 decode rows of mixed steps are planned by the wrapper and run through `DecodeCall` (the kernel
 call, bound once per plan) where it fits this FlashInfer, else through the wrapper's run.
+Decode graphs of up to `small_decode_rows` rows run small_decode.py's kernels instead, which read
+the page table in the graph and need no plan.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from radixserve.engine.attention.base import (
     prefix_sums,
 )
 from radixserve.engine.attention.mixed import MixedMetadata, attend_mixed, prepare_mixed
+from radixserve.engine.attention.small_decode import SmallBatchDecode
 
 if TYPE_CHECKING:
     from radixserve.engine.attention.flashinfer_direct import DecodeCall, DirectPrefill, LayerCall
@@ -78,7 +81,7 @@ class _Planner:
 
 @dataclass
 class FlashInferMetadata(AttentionMetadata):
-    wrapper: Any  # the planned BatchPrefill/BatchDecode wrapper
+    wrapper: Any  # the planned BatchPrefill/BatchDecode wrapper (None: `call` needs no plan)
     call: LayerCall | None = None  # the per-layer kernel call, where bound (else wrapper.run)
 
 
@@ -100,6 +103,7 @@ class FlashInferBackend(AttentionBackend):
         self._decode = _Planner(
             flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD"))
         self._graphs: dict[int, _Planner] = {}
+        self._small: SmallBatchDecode | None = None  # decode graphs of a few rows, where set
         self._dummy_page = -1
         # Prefill kernels called directly: decided at the first prefill plan (_form_direct).
         self._direct: DirectPrefill | None = None
@@ -203,8 +207,14 @@ class FlashInferBackend(AttentionBackend):
         return True  # paged decode at any page size
 
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
-                        dummy_page: int) -> None:
+                        dummy_page: int, page_table: torch.Tensor | None = None,
+                        small_decode_rows: int = 0) -> None:
         dev = self.device
+        rows = min(small_decode_rows, max_batch)
+        if page_table is not None and rows > 0 and SmallBatchDecode.usable(dev, self.head_dim):
+            # graphs of a few rows: no plan, and no KV split that one row cannot fill
+            self._small = SmallBatchDecode(self.num_heads, self.num_kv_heads, self.head_dim,
+                                           self.scale, rows, page_table)
         self._dummy_page, self._page_size = dummy_page, page_size
         # Shared by every captured batch size: replays run one at a time on one stream.
         self._g_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device=dev)
@@ -212,7 +222,14 @@ class FlashInferBackend(AttentionBackend):
         self._g_indices = torch.full((max_batch * max_pages_per_req,), dummy_page,
                                      dtype=torch.int32, device=dev)
 
+    def _small_rows(self, batch_size: int) -> SmallBatchDecode | None:
+        small = self._small
+        return small if small is not None and batch_size <= small.max_rows else None
+
     def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> FlashInferMetadata:
+        small = self._small_rows(batch_size)
+        if small is not None:
+            return FlashInferMetadata(out_loc, None, small.bind(batch_size))
         wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
             self._workspace, "NHD", use_cuda_graph=True,
             paged_kv_indptr_buffer=self._g_indptr[: batch_size + 1],
@@ -224,6 +241,11 @@ class FlashInferBackend(AttentionBackend):
         return FlashInferMetadata(out_loc, wrapper)
 
     def plan_graph(self, batch_size: int, layout: StepLayout) -> None:
+        small = self._small_rows(batch_size)
+        if small is not None:
+            assert layout.page_table is small.page_table and layout.slot_list is not None
+            small.plan(batch_size, layout.slot_list, layout.seq_lens)
+            return
         P = layout.page_size
         assert P == self._page_size, "graphs were captured for another page size"
         npages = pages_per_request(layout.seq_lens, P)

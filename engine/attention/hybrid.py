@@ -55,8 +55,10 @@ class HybridBackend(AttentionBackend):
         return meta.backend.attend(q, layer_id, meta.inner, kv_pool, out)
 
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
-                        dummy_page: int) -> None:
-        self.decode.init_cuda_graph(max_batch, max_pages_per_req, page_size, dummy_page)
+                        dummy_page: int, page_table: torch.Tensor | None = None,
+                        small_decode_rows: int = 0) -> None:
+        self.decode.init_cuda_graph(max_batch, max_pages_per_req, page_size, dummy_page,
+                                    page_table, small_decode_rows)
 
     def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> HybridMetadata:
         return HybridMetadata(out_loc, self.decode, self.decode.graph_metadata(batch_size, out_loc))

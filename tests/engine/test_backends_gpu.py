@@ -45,13 +45,16 @@ def test_backend_matches_float64(backend, page_size, kind, batch):
         check_store(case)
 
 
-@pytest.mark.parametrize("backend", BACKENDS[1:3])
+@pytest.mark.parametrize("backend", BACKENDS[1:3] + [
+    pytest.param("flashinfer+small", marks=backend_marks("flashinfer"))])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("kind", ["decode", "served"])
 def test_graph_decode_matches_float64(backend, page_size, kind):
     """The graph path: plan_graph on a padded batch, captured metadata replayed as a CUDA graph;
     "served": a step with prompts and chunks beside its decode rows, every new token a decode row
-    of its own (StepLayout.as_decode_rows), as the engine replays short prompts."""
+    of its own (StepLayout.as_decode_rows), as the engine replays short prompts. "+small": the
+    graph's rows through attention/small_decode.py's kernels (small_decode_rows)."""
+    backend, small = backend.removesuffix("+small"), backend.endswith("+small")
     dev = torch.device("cuda")
     b = create_backend(backend, NH, NKV, HD, dev, torch.bfloat16)
     if not b.supports_cuda_graph(page_size):
@@ -65,7 +68,9 @@ def test_graph_decode_matches_float64(backend, page_size, kind):
     T = len(layout.seq_lens)
     G = T + 3  # padded rows past the real ones
     dummy_page = case.spare_page
-    b.init_cuda_graph(G, case.layout.page_table.size(1) // page_size, page_size, dummy_page)
+    b.init_cuda_graph(G, case.layout.page_table.size(1) // page_size, page_size, dummy_page,
+                      case.layout.page_table, G if small else 0)
+    assert (getattr(b, "_small", None) is not None) == small
     q = torch.zeros(G, NH, HD, dtype=torch.bfloat16, device=dev)
     k = torch.zeros(G, NKV, HD, dtype=torch.bfloat16, device=dev)
     v = torch.zeros_like(k)

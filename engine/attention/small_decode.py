@@ -1,0 +1,168 @@
+"""Paged decode attention for the CUDA graphs of a few rows, in Triton, planned by nothing.
+
+At one row FlashInfer's decode kernel leaves most of a Hopper GPU idle: Qwen3-0.6B has 8 KV
+heads, so a row is 8 programs unless the KV is split, and in CUDA graph mode FlashInfer always
+splits (chunks of at least 128 keys) and then merges in a second kernel, with a host plan before
+every replay. Here a row's keys are cut into tiles of BLOCK_N tokens and the tiles shared out among
+up to `splits` programs per KV head, decided on the device from the row's length, so a graph reads
+only what the step already holds: each row's slot and length, and the page table. A row whose
+tiles fit one program writes its output directly; otherwise each program writes its part with
+its log-sum-exp and the merge kernel combines them (it does nothing for single-program rows).
+
+Shapes: q (B, nh, hd); the KV pool's pages (num_pages, P, nkv, hd), read as (num_pages * P, nkv,
+hd) at the token locations `page_table[slot, :seq_len]` (int64, one per position); out (B, nh, hd).
+Both kernels take part in programmatic dependent launch (engine/pdl.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from radixserve.engine import pdl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+BLOCK_N = 64  # keys per tile: one program's smallest share of a row
+TARGET_PROGRAMS = 256  # about two per SM of an H200: enough KV reads in flight at one row
+MAX_SPLITS = 32
+
+LayerCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+if triton is not None:
+    from radixserve.engine.pdl import wait_for_step_data
+
+    @triton.jit
+    def _shares(rows_ptr, max_rows, b, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+        """(slot, length, tiles per program, programs with tiles) of row b."""
+        slot = tl.load(rows_ptr + b)
+        seq = tl.load(rows_ptr + max_rows + b)
+        tiles = tl.cdiv(seq, BLOCK_N)
+        per = tl.cdiv(tiles, tl.minimum(tiles, SPLITS))
+        return slot, seq, per, tl.cdiv(tiles, per)
+
+    @triton.jit
+    def _partial_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, out_ptr, po_ptr, plse_ptr,
+                        sm_scale, max_rows, table_stride, q_stride_b, q_stride_h, kv_stride_t,
+                        kv_stride_h, o_stride_b, o_stride_h, NH: tl.constexpr,
+                        GROUP: tl.constexpr, GROUP_P: tl.constexpr, HD: tl.constexpr,
+                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
+        b, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        wait_for_step_data(PDL)
+        slot, seq, per, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N)
+        g = tl.arange(0, GROUP_P)
+        heads = kvh * GROUP + g
+        d = tl.arange(0, HD)
+        q = tl.load(q_ptr + b * q_stride_b + heads[:, None] * q_stride_h + d[None, :],
+                    mask=(g < GROUP)[:, None], other=0.0)
+        m = tl.full([GROUP_P], float("-inf"), tl.float32)
+        denom = tl.zeros([GROUP_P], tl.float32)
+        acc = tl.zeros([GROUP_P, HD], tl.float32)
+        t0 = s * per * BLOCK_N  # a program past `used` gets no keys: t0 >= seq
+        t1 = tl.minimum(seq, t0 + per * BLOCK_N)
+        for t in range(t0, t1, BLOCK_N):
+            offs = t + tl.arange(0, BLOCK_N)
+            live = offs < t1
+            loc = tl.load(table_ptr + slot * table_stride + offs, mask=live, other=0)
+            kv = loc[:, None] * kv_stride_t + kvh * kv_stride_h + d[None, :]
+            k = tl.load(k_ptr + kv, mask=live[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * sm_scale  # (GROUP_P, BLOCK_N)
+            scores = tl.where(live[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, 1))
+            p = tl.exp(scores - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            v = tl.load(v_ptr + kv, mask=live[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            denom = denom * alpha + tl.sum(p, 1)
+            m = m_new
+        row_heads = g < tl.where(s < used, GROUP, 0)  # none for a program past `used`
+        o = acc / denom[:, None]
+        if used == 1:  # the whole row in this program
+            tl.store(out_ptr + b * o_stride_b + heads[:, None] * o_stride_h + d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=row_heads[:, None])
+        else:
+            part = (b * NH + heads) * SPLITS + s  # (GROUP_P,)
+            tl.store(po_ptr + part[:, None] * HD + d[None, :], o, mask=row_heads[:, None])
+            tl.store(plse_ptr + part, m + tl.log(denom), mask=row_heads)
+
+    @triton.jit
+    def _merge_kernel(rows_ptr, out_ptr, po_ptr, plse_ptr, max_rows, o_stride_b, o_stride_h,
+                      NH: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
+                      SPLITS: tl.constexpr, PDL: tl.constexpr):
+        b, h = tl.program_id(0), tl.program_id(1)
+        wait_for_step_data(PDL)
+        _, _, _, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N)
+        sp = tl.arange(0, SPLITS)
+        some = sp < tl.where(used > 1, used, 0)  # a row in one program was written whole
+        base = (b * NH + h) * SPLITS + sp
+        lse = tl.load(plse_ptr + base, mask=some, other=float("-inf"))
+        w = tl.where(some, tl.exp(lse - tl.max(lse, 0)), 0.0)
+        d = tl.arange(0, HD)
+        o = tl.load(po_ptr + base[:, None] * HD + d[None, :], mask=some[:, None], other=0.0)
+        res = tl.sum(w[:, None] * o, 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+        tl.store(out_ptr + b * o_stride_b + h * o_stride_h + d, res.to(out_ptr.dtype.element_ty),
+                 mask=d < tl.where(used > 1, HD, 0))
+
+
+def splits_for(batch: int, num_kv_heads: int) -> int:
+    """Programs per (row, KV head): about TARGET_PROGRAMS in all, a power of two."""
+    want = max(1, TARGET_PROGRAMS // max(1, batch * num_kv_heads))
+    return min(MAX_SPLITS, triton.next_power_of_2(want) if triton is not None else want)
+
+
+class SmallBatchDecode:
+    """The kernels' static state for decode graphs of up to `max_rows` rows: each row's slot and
+    length (rewritten by `plan` before a replay) and the parts' scratch."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float,
+                 max_rows: int, page_table: torch.Tensor) -> None:
+        assert num_heads % num_kv_heads == 0 and head_dim & (head_dim - 1) == 0
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.sm_scale, self.max_rows, self.page_table = sm_scale, max_rows, page_table
+        dev = page_table.device
+        self.rows = torch.zeros(2, max_rows, dtype=torch.int64, device=dev)  # slot, length
+        self.rows[1].fill_(1)
+        splits = splits_for(1, num_kv_heads)
+        self._parts_o = torch.empty(max_rows * num_heads * splits, head_dim, dtype=torch.float32,
+                                    device=dev)
+        self._parts_lse = torch.empty(max_rows * num_heads * splits, dtype=torch.float32,
+                                      device=dev)
+
+    @staticmethod
+    def usable(device: torch.device, head_dim: int) -> bool:
+        return triton is not None and device.type == "cuda" and head_dim in (64, 128, 256)
+
+    def plan(self, batch_size: int, slots: list[int], seq_lens: list[int]) -> None:
+        """Rows past len(slots) are padding: slot 0, one key (its result is never read)."""
+        pad = batch_size - len(slots)
+        host = torch.tensor([list(slots) + [0] * pad, list(seq_lens) + [1] * pad],
+                            dtype=torch.int64)
+        self.rows[:, :batch_size].copy_(host, non_blocking=True)
+
+    def bind(self, batch_size: int) -> LayerCall:
+        """The call that runs one layer for graphs of `batch_size` rows."""
+        assert batch_size <= self.max_rows
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        splits = splits_for(batch_size, nkv)
+        group = nh // nkv
+        table = self.page_table
+        partial_grid, merge_grid = (batch_size, nkv, splits), (batch_size, nh)
+
+        def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+            # k, v: (num_pages, P, nkv, hd), token-major within a page
+            _partial_kernel[partial_grid](
+                q, k, v, table, self.rows, out, self._parts_o, self._parts_lse, self.sm_scale,
+                self.max_rows, table.stride(0), q.stride(0), q.stride(1), k.stride(1),
+                k.stride(2), out.stride(0), out.stride(1), NH=nh, GROUP=group,
+                GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd, BLOCK_N=BLOCK_N,
+                SPLITS=splits, num_warps=4, **pdl.launch_kwargs())
+            _merge_kernel[merge_grid](
+                self.rows, out, self._parts_o, self._parts_lse, self.max_rows, out.stride(0),
+                out.stride(1), NH=nh, HD=hd, BLOCK_N=BLOCK_N, SPLITS=splits, num_warps=4,
+                **pdl.launch_kwargs())
+
+        return call

@@ -1,0 +1,47 @@
+"""The small-batch decode kernels (engine/attention/small_decode.py) run by Triton's interpreter
+on a CPU, against softmax attention in float64: rows that fit one program and rows split over
+several (merged), rows of one key, a tile boundary and past it, pages in shuffled order, and
+padded rows. On a GPU, tests/engine/test_backends_gpu.py runs them in CUDA graphs."""
+
+from __future__ import annotations
+
+from triton_interpreter import cpu_only, run_interpreted
+
+_INTERPRETED = """
+import torch
+from radixserve.engine.attention.small_decode import BLOCK_N, SmallBatchDecode, splits_for
+
+torch.manual_seed(0)
+NH, NKV, HD, P, PAGES = 8, 2, 64, 16, 300
+k_pages = torch.randn(PAGES, P, NKV, HD)
+v_pages = torch.randn(PAGES, P, NKV, HD)
+for lens in ([1], [BLOCK_N, BLOCK_N + 1], [5, 300, 2 * BLOCK_N, 1000]):
+    B = len(lens)
+    width = 1024
+    table = torch.zeros(B + 2, width, dtype=torch.int64)
+    order = torch.randperm(PAGES)
+    for slot in range(B + 2):  # each slot's pages somewhere in the pool, not in order
+        pages = order[(slot * 40) % PAGES:][: width // P].repeat(2)[: width // P]
+        table[slot] = (pages[:, None] * P + torch.arange(P)).reshape(-1)[:width]
+    slots = [B + 1 - i for i in range(B)]
+    small = SmallBatchDecode(NH, NKV, HD, HD ** -0.5, max_rows=B + 2, page_table=table)
+    small.plan(B + 2, slots, lens)  # two padded rows
+    q = torch.randn(B + 2, NH, HD)
+    out = torch.full((B + 2, NH, HD), float("nan"))
+    small.bind(B + 2)(q, k_pages, v_pages, out)
+    kf, vf = k_pages.reshape(-1, NKV, HD).double(), v_pages.reshape(-1, NKV, HD).double()
+    for i, (slot, n) in enumerate(zip(slots, lens)):
+        loc = table[slot, :n]
+        k = kf[loc].repeat_interleave(NH // NKV, dim=1)  # (n, NH, HD)
+        v = vf[loc].repeat_interleave(NH // NKV, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[i].double(), k) * HD ** -0.5
+        ref = torch.einsum("hn,nhd->hd", s.softmax(-1), v)
+        err = ((out[i].double() - ref).norm() / ref.norm()).item()
+        assert err < 1e-5, (lens, n, err, splits_for(B + 2, NKV))
+print("small decode matches")
+"""
+
+
+@cpu_only
+def test_small_batch_decode_in_the_triton_interpreter():
+    assert "small decode matches" in run_interpreted(_INTERPRETED)
