@@ -29,7 +29,7 @@ except ImportError:
 
 BLOCK_N = 64  # keys per tile: one program's smallest share of a row
 TARGET_PROGRAMS = 256  # about two per SM of an H200: enough KV reads in flight at one row
-MAX_SPLITS = 32
+MAX_SPLITS = 64
 
 LayerCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
@@ -108,10 +108,10 @@ if triton is not None:
                  mask=d < tl.where(used > 1, HD, 0))
 
 
-def splits_for(batch: int, num_kv_heads: int) -> int:
-    """Programs per (row, KV head): about TARGET_PROGRAMS in all, a power of two."""
-    want = max(1, TARGET_PROGRAMS // max(1, batch * num_kv_heads))
-    return min(MAX_SPLITS, triton.next_power_of_2(want) if triton is not None else want)
+def splits_for(batch: int, num_kv_heads: int, programs: int = TARGET_PROGRAMS) -> int:
+    """Programs per (row, KV head): about `programs` in all, a power of two."""
+    want = max(1, programs // max(1, batch * num_kv_heads))
+    return min(MAX_SPLITS, 1 << (want - 1).bit_length())
 
 
 class SmallBatchDecode:
@@ -119,14 +119,17 @@ class SmallBatchDecode:
     length (rewritten by `plan` before a replay) and the parts' scratch."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float,
-                 max_rows: int, page_table: torch.Tensor) -> None:
+                 max_rows: int, page_table: torch.Tensor, block_n: int = BLOCK_N,
+                 programs: int = TARGET_PROGRAMS, warps: int = 4) -> None:
+        """block_n, programs, warps: the launch shape (`bench kernels --parts small_decode`)."""
         assert num_heads % num_kv_heads == 0 and head_dim & (head_dim - 1) == 0
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.sm_scale, self.max_rows, self.page_table = sm_scale, max_rows, page_table
+        self.block_n, self.programs, self.warps = block_n, programs, warps
         dev = page_table.device
         self.rows = torch.zeros(2, max_rows, dtype=torch.int64, device=dev)  # slot, length
         self.rows[1].fill_(1)
-        splits = splits_for(1, num_kv_heads)
+        splits = splits_for(1, num_kv_heads, programs)
         self._parts_o = torch.empty(max_rows * num_heads * splits, head_dim, dtype=torch.float32,
                                     device=dev)
         self._parts_lse = torch.empty(max_rows * num_heads * splits, dtype=torch.float32,
@@ -147,8 +150,8 @@ class SmallBatchDecode:
         """The call that runs one layer for graphs of `batch_size` rows."""
         assert batch_size <= self.max_rows
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        splits = splits_for(batch_size, nkv)
-        group = nh // nkv
+        splits = splits_for(batch_size, nkv, self.programs)
+        group, block_n, warps = nh // nkv, self.block_n, self.warps
         table = self.page_table
         partial_grid, merge_grid = (batch_size, nkv, splits), (batch_size, nh)
 
@@ -158,11 +161,11 @@ class SmallBatchDecode:
                 q, k, v, table, self.rows, out, self._parts_o, self._parts_lse, self.sm_scale,
                 self.max_rows, table.stride(0), q.stride(0), q.stride(1), k.stride(1),
                 k.stride(2), out.stride(0), out.stride(1), NH=nh, GROUP=group,
-                GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd, BLOCK_N=BLOCK_N,
-                SPLITS=splits, num_warps=4, **pdl.launch_kwargs())
+                GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd, BLOCK_N=block_n,
+                SPLITS=splits, num_warps=warps, **pdl.launch_kwargs())
             _merge_kernel[merge_grid](
                 self.rows, out, self._parts_o, self._parts_lse, self.max_rows, out.stride(0),
-                out.stride(1), NH=nh, HD=hd, BLOCK_N=BLOCK_N, SPLITS=splits, num_warps=4,
+                out.stride(1), NH=nh, HD=hd, BLOCK_N=block_n, SPLITS=splits, num_warps=4,
                 **pdl.launch_kwargs())
 
         return call
