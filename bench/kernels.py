@@ -158,7 +158,7 @@ def _graphed_decode(fi: Any, workspace: torch.Tensor, tensor_cores: bool, opts: 
 
 
 # (keys per tile, programs aimed at, warps) of attention/small_decode.py; the first is its default
-SMALL_DECODE_SHAPES = [(64, 256, 4), (64, 512, 4), (64, 1024, 4), (32, 512, 4), (128, 512, 8),
+SMALL_DECODE_SHAPES = [(64, 512, 4), (64, 256, 4), (64, 1024, 4), (32, 512, 4), (128, 512, 8),
                        (64, 512, 8)]
 
 

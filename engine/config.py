@@ -76,7 +76,7 @@ class EngineConfig:
     # Decode graphs of up to this many rows run the attention of attention/small_decode.py (Triton,
     # its KV split decided on the device from each row's length, no plan per step) where the
     # backend is flashinfer; larger ones FlashInfer's decode kernel. 0: FlashInfer's always.
-    small_decode_rows: int = 8
+    small_decode_rows: int = 32
     # True: the step's Triton kernels (norms, rotary, the small-batch GEMV) start while the kernel
     # before them finishes, by programmatic dependent launch, on GPUs that have it (compute 9.0+;
     # engine/pdl.py). False: each waits for the whole kernel before it.

@@ -27,8 +27,10 @@ try:
 except ImportError:
     triton = None
 
+# The launch shape: the best, or within 1 us of it, of six swept on an H200 at 1-32 rows and
+# 128-8,192 keys (`bench kernels --parts small_decode`, docs/benchmarks.md)
 BLOCK_N = 64  # keys per tile: one program's smallest share of a row
-TARGET_PROGRAMS = 256  # about two per SM of an H200: enough KV reads in flight at one row
+TARGET_PROGRAMS = 512  # about four per SM of an H200: enough KV reads in flight at a few rows
 MAX_SPLITS = 64
 
 LayerCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
