@@ -11,7 +11,8 @@ completes, the kernel before it has completed, and so, by the same rule, has eve
 that. Before its wait a kernel reads only what no step writes: the GEMV streams its first slab of
 weights there (layers/gemv.py). Right after its wait each kernel lets the next one launch
 (`gdc_launch_dependents`). Kernels launched without PDL (cuBLAS, torch) wait for the whole grid
-before them, as always; FlashInfer's decode kernel takes part on its own (`enable_pdl`).
+before them, as always; FlashInfer's decode kernel takes part on its own (`enable_pdl`), and so
+do the small-batch decode kernels (attention/small_decode.py).
 
 `configure` is called by the model runner at start-up (EngineConfig.pdl); each launch passes
 `launch_kwargs()`, and graph captures keep what it said then.
