@@ -131,11 +131,11 @@ class SmallBatchDecode:
         dev = page_table.device
         self.rows = torch.zeros(2, max_rows, dtype=torch.int64, device=dev)  # slot, length
         self.rows[1].fill_(1)
-        splits = splits_for(1, num_kv_heads, programs)
-        self._parts_o = torch.empty(max_rows * num_heads * splits, head_dim, dtype=torch.float32,
-                                    device=dev)
-        self._parts_lse = torch.empty(max_rows * num_heads * splits, dtype=torch.float32,
-                                      device=dev)
+        # a graph of B rows writes parts [0, B * num_heads * splits_for(B))
+        parts = num_heads * max(b * splits_for(b, num_kv_heads, programs)
+                                for b in range(1, max_rows + 1))
+        self._parts_o = torch.empty(parts, head_dim, dtype=torch.float32, device=dev)
+        self._parts_lse = torch.empty(parts, dtype=torch.float32, device=dev)
 
     @staticmethod
     def usable(device: torch.device, head_dim: int) -> bool:
