@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,11 @@ from radixserve.engine.upload import upload_columns
 
 if TYPE_CHECKING:
     from radixserve.engine.kvcache.pool import KVCachePool
+
+
+# (q, k_pages, v_pages, out) -> None: one layer's attention, written into out; a kernel call with
+# its step's arguments bound (flashinfer_direct.py, small_decode.py)
+LayerCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 @dataclass

@@ -27,6 +27,7 @@ import torch
 from radixserve.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
+    LayerCall,
     StepLayout,
     last_page_lens,
     layout_page_ids,
@@ -37,7 +38,7 @@ from radixserve.engine.attention.mixed import MixedMetadata, attend_mixed, prepa
 from radixserve.engine.attention.small_decode import SmallBatchDecode
 
 if TYPE_CHECKING:
-    from radixserve.engine.attention.flashinfer_direct import DecodeCall, DirectPrefill, LayerCall
+    from radixserve.engine.attention.flashinfer_direct import DecodeCall, DirectPrefill
     from radixserve.engine.kvcache.pool import KVCachePool
 
 log = logging.getLogger(__name__)

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from radixserve.engine.attention.base import (
+    LayerCall,
     StepLayout,
     last_page_lens,
     page_cells,
@@ -47,9 +47,6 @@ from radixserve.engine.attention.base import (
     prefix_sums,
 )
 from radixserve.engine.upload import upload_columns
-
-# (q, k_pages, v_pages, out) -> None: one layer's attention, written into out
-LayerCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 PAGED_RUN_PARAMS = (
     "float_workspace_buffer", "int_workspace_buffer", "plan_info_vec", "q", "paged_k_cache",

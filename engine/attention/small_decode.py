@@ -16,10 +16,9 @@ Both kernels take part in programmatic dependent launch (engine/pdl.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from radixserve.engine import pdl
+from radixserve.engine.attention.base import LayerCall
 
 try:
     import triton
@@ -32,8 +31,6 @@ except ImportError:
 BLOCK_N = 64  # keys per tile: one program's smallest share of a row
 TARGET_PROGRAMS = 512  # about four per SM of an H200: enough KV reads in flight at a few rows
 MAX_SPLITS = 64
-
-LayerCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 if triton is not None:
     from radixserve.engine.pdl import wait_for_step_data
