@@ -58,6 +58,12 @@ def kv_store() -> list[dict[str, Any]]:
     return rows
 
 
+def _token_table(pages: torch.Tensor, P: int) -> torch.Tensor:
+    """pages (B, n) page ids of each row, in order -> (B, n * P) their token locations, the page
+    table's form (StepLayout)."""
+    return (pages[:, :, None] * P + torch.arange(P, device=pages.device)).view(pages.size(0), -1)
+
+
 def flashinfer_decode() -> list[dict[str, Any]]:
     from radixserve.engine.attention import StepLayout, create_backend
     from radixserve.engine.kvcache.pool import KVCachePool
@@ -69,8 +75,7 @@ def flashinfer_decode() -> list[dict[str, Any]]:
         pages = B * ctx // P
         pool = KVCachePool(1, pages, P, 8, 128, torch.bfloat16, torch.device("cuda"))
         pool.k.normal_(), pool.v.normal_()
-        table = torch.randperm(pages, device="cuda").view(B, -1)
-        table = (table[:, :, None] * P + torch.arange(P, device="cuda")).view(B, ctx)
+        table = _token_table(torch.randperm(pages, device="cuda").view(B, -1), P)
         lay = StepLayout(torch.arange(B, device="cuda"), [ctx - 1] * B, [ctx] * B,
                          table[:, -1].contiguous(), table, P)
         meta = b.prepare(lay)
@@ -188,8 +193,7 @@ def small_decode() -> list[dict[str, Any]]:
                 plan_args = (torch.arange(B + 1, dtype=torch.int32) * (ctx // P), perm.int(),
                              torch.full((B,), P, dtype=torch.int32))
                 fi_us, ref = _graphed_decode(flashinfer, workspace, False, {}, q, caches, plan_args)
-                table = perm.view(B, -1)[:, :, None] * P + torch.arange(P, device=dev)
-                table = table.view(B, ctx)
+                table = _token_table(perm.view(B, -1), P)
                 row: dict[str, Any] = {"kernel": f"small decode nh={nh} B={B} ctx={ctx}",
                                        "flashinfer_us": fi_us, "maxdiff": 0.0}
                 for block_n, programs, warps in SMALL_DECODE_SHAPES:
@@ -312,8 +316,7 @@ def _prefill_ms(backend: str, nh: int, nkv: int, lens: list[int],
     pool = KVCachePool(1, pages, P, nkv, hd, torch.bfloat16, dev)
     pool.k.normal_(generator=g), pool.v.normal_(generator=g)
     # (B, width) token locations: each request on shuffled pages of its own
-    order = torch.randperm(pages, device=dev, generator=g).view(B, -1)
-    table = (order[:, :, None] * P + torch.arange(P, device=dev)).view(B, width)
+    table = _token_table(torch.randperm(pages, device=dev, generator=g).view(B, -1), P)
     out_loc = torch.cat([table[i, :n] for i, n in enumerate(lens)])
     layout = StepLayout(torch.arange(B, device=dev), [0] * B, list(lens), out_loc, table, P)
     q = torch.randn(sum(lens), nh, hd, device=dev, dtype=torch.bfloat16, generator=g)
