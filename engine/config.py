@@ -77,9 +77,9 @@ class EngineConfig:
     # its KV split decided on the device from each row's length, no plan per step) where the
     # backend is flashinfer; larger ones FlashInfer's decode kernel. 0: FlashInfer's always.
     small_decode_rows: int = 32
-    # True: the step's Triton kernels (norms, rotary, the small-batch GEMV) start while the kernel
-    # before them finishes, by programmatic dependent launch, on GPUs that have it (compute 9.0+;
-    # engine/pdl.py). False: each waits for the whole kernel before it.
+    # True: the step's Triton kernels (norms, rotary, the small-batch GEMV and decode attention)
+    # start while the kernel before them finishes, by programmatic dependent launch, on GPUs that
+    # have it (compute 9.0+; engine/pdl.py). False: each waits for the whole kernel before it.
     pdl: bool = True
     # Steps with prefill tokens of up to this many tokens replay piecewise CUDA graphs
     # (piecewise_graph.py). None: max_prefill_tokens + max_running_requests on CUDA with graphs on,
