@@ -223,12 +223,15 @@ GEMV_SHAPES = [("0.6b qkv", 4096, 1024), ("0.6b o", 1024, 2048), ("0.6b gate_up"
                ("0.6b down", 1024, 3072), ("0.6b lm_head", 151936, 1024), ("8b qkv", 6144, 4096),
                ("8b o", 4096, 4096), ("8b gate_up", 24576, 4096), ("8b down", 4096, 12288),
                ("8b lm_head", 151936, 4096)]
-# (block_n, block_k, warps, stream): small slabs for the small matrices; whole 8 KiB rows per slab
-# (more bytes in flight per program) with and without the evict-first hint for the large ones
-GEMV_BLOCKS = [(2, 1024, 4, False), (4, 1024, 8, False), (8, 1024, 8, False), (16, 512, 8, False),
-               (1, 4096, 4, False), (2, 4096, 8, False), (4, 4096, 8, False), (4, 4096, 16, False),
-               (8, 2048, 8, False), (2, 4096, 8, True), (4, 4096, 8, True), (8, 2048, 8, True),
-               (16, 1024, 8, True), (1, 8192, 8, True)]
+# (block_n, block_k, warps, stream, per_sm): small slabs for the small matrices; whole 8 KiB rows
+# per slab (more bytes in flight per program), with the evict-first hint, for the large ones; one
+# program per block of outputs (per_sm 0) or per_sm programs per SM, each walking several blocks
+GEMV_BLOCKS = [(2, 1024, 4, False, 0), (4, 1024, 8, False, 0), (8, 1024, 8, False, 0),
+               (16, 512, 8, False, 0), (8, 1024, 8, False, 4), (4, 1024, 8, False, 8),
+               (4, 4096, 8, False, 0), (2, 4096, 8, True, 0), (4, 4096, 8, True, 0),
+               (8, 2048, 8, True, 0), (4, 4096, 8, True, 2), (4, 4096, 8, True, 4),
+               (4, 4096, 8, True, 8), (2, 4096, 8, True, 4), (2, 4096, 8, True, 8),
+               (4, 4096, 4, True, 4), (4, 4096, 4, True, 8), (8, 2048, 8, True, 4)]
 
 
 def gemv() -> list[dict[str, Any]]:
@@ -245,8 +248,9 @@ def gemv() -> list[dict[str, Any]]:
             ref = (x.double() @ ws[0].double().T)
             err = float((g.gemv(x, ws[0]).double() - ref).norm() / ref.norm())
             configs: dict[str, Any] = {"heuristic": None}
-            for bn, bk, nw, stream in GEMV_BLOCKS:
-                configs[f"{bn}x{bk}w{nw}{'s' if stream else ''}"] = g.Blocks(bn, bk, nw, stream)
+            for bn, bk, nw, stream, per_sm in GEMV_BLOCKS:
+                label = f"{bn}x{bk}w{nw}{'s' if stream else ''}{f'p{per_sm}' if per_sm else ''}"
+                configs[label] = g.Blocks(bn, bk, nw, stream, per_sm)
             row: dict[str, Any] = {"kernel": f"gemv {name} N={N} K={K} M={M}", "rel_err": err}
             row["cublas_us"] = _graphed_us(lambda w: torch.nn.functional.linear(x, w), ws)
             for label, blocks in configs.items():
@@ -256,6 +260,72 @@ def gemv() -> list[dict[str, Any]]:
             row["best"], row["GB_s_best"] = best, N * K * 2 / row[best] / 1e3
             row["GB_s_cublas"] = N * K * 2 / row["cublas_us"] / 1e3
             rows.append(row)
+    return rows
+
+
+# Launch-shape policies for gemv_layers: (a Blocks tuple for every matrix, or None for the engine's
+# own, gemv.config; whether down_proj folds SiLU-mul in, as the engine does where gated_usable)
+GEMV_LAYER_POLICIES: dict[str, Any] = {
+    "engine": (None, True), "engine unfused": (None, False),
+    **{f"{bn}x{bk}w{nw}p{p}": ((bn, bk, nw, True, p), True)
+       for bn, bk, nw, p in [(4, 4096, 8, 0), (4, 4096, 8, 1), (4, 4096, 8, 2), (4, 4096, 8, 4),
+                             (8, 2048, 8, 2), (2, 4096, 4, 4), (4, 4096, 4, 2)]}}
+
+
+def gemv_layers() -> list[dict[str, Any]]:
+    """Qwen3-8B's projections at one row, chained as a decode step chains them (RMSNorm + qkv, o,
+    RMSNorm + gate_up, SiLU-mul folded into down or not; attention left out), over 8 layers of
+    distinct weights (3 GB: no layer's weights are in the L2 when it runs) in one CUDA graph,
+    with programmatic dependent launch on and off: microseconds per layer and the weights' TB/s
+    under each policy, next to cuBLAS doing the four products alone."""
+    from radixserve.engine import pdl
+    from radixserve.engine.layers import fused
+    from radixserve.engine.layers import gemv as g
+
+    H, inter, qkv_n, layers = 4096, 12288, 6144, 8
+    dev = torch.device("cuda")
+
+    def weight(n: int, k: int) -> torch.Tensor:
+        return (torch.randn(n, k, device=dev) / k**0.5).bfloat16()
+
+    ws = [(weight(qkv_n, H), weight(H, H), weight(2 * inter, H), weight(H, inter))
+          for _ in range(layers)]
+    layer_bytes = sum(w.numel() * 2 for w in ws[0])
+    nw = torch.ones(H, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(1, H, device=dev).bfloat16()
+
+    def chain(shape: Any, gated: bool) -> Any:
+        b = None if shape is None else g.Blocks(*shape)
+
+        def run() -> None:
+            h, res = x, None
+            for wq, wo, wgu, wd in ws:
+                qkv, res = g.normed_gemv(h, res, nw, 1e-6, wq, blocks=b)
+                o = g.gemv(qkv[:, :H], wo, blocks=b)
+                gu, res = g.normed_gemv(o, res, nw, 1e-6, wgu, blocks=b)
+                if gated:
+                    h = g.gated_gemv(gu, wd, blocks=b)
+                else:
+                    h = g.gemv(fused.silu_and_mul(gu), wd, blocks=b)
+        return run
+
+    def cublas() -> None:
+        h = x
+        for wq, wo, wgu, wd in ws:
+            torch.nn.functional.linear(h, wq)
+            torch.nn.functional.linear(h, wo)
+            gu = torch.nn.functional.linear(h, wgu)
+            h = torch.nn.functional.linear(gu[:, :inter], wd)
+
+    rows = []
+    for on in (True, False):
+        pdl.configure(on, dev)
+        for label, policy in [("cublas", None), *GEMV_LAYER_POLICIES.items()]:
+            fn = cublas if policy is None else chain(*policy)
+            us = _graphed_us(lambda _: fn(), [None]) / layers
+            rows.append({"kernel": f"gemv layers 8b {label}", "pdl": on, "us_per_layer": us,
+                         "TB_s": layer_bytes / us / 1e6})
+    pdl.configure(False, dev)
     return rows
 
 
@@ -339,7 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     # decode_variants is opt-in: on a fresh machine it JIT-compiles FlashInfer's tensor-core decode,
     # which took longer than the whole 300 s kernels stage of gpu_check.sh.
     ap.add_argument("--parts", default="ceilings,kv_store,flashinfer_decode,gemv",
-                    help="comma-separated; also decode_variants, attention_prefill, small_decode")
+                    help="comma-separated; also decode_variants, attention_prefill, small_decode, "
+                    "gemv_layers")
     a = ap.parse_args(argv)
     for part in (globals()[p] for p in a.parts.split(",")):
         try:

@@ -4,14 +4,17 @@ element-wise op that produces their input folded in.
 At batch 1-4 a linear layer is a pure weight read. On the H200, cuBLAS reads small matrices with
 fewer outputs than inputs (Qwen3-0.6B's o_proj 1024x2048, down_proj 1024x3072) at 0.3-0.8 TB/s
 and the others at 2.8-4.0 TB/s (`radixserve bench kernels --parts gemv`, tables in
-docs/benchmarks.md). This kernel streams each weight row once: a program owns BLOCK_N output
-features, reads their rows in BLOCK_K-wide slabs (contiguous, so loads coalesce) and keeps one
-float32 accumulator per (input row, feature). Rounding happens once, at the store. Where K >= 2048
-a slab spans 2,048-4,096 columns (whole rows up to K = 4,096; 16K weights) and is loaded with an
-evict-first hint: more bytes in flight per program, and the L2 left to the inputs. It takes
+docs/benchmarks.md). This kernel streams each weight row once: it cuts the outputs into blocks of
+BLOCK_N features, reads their rows in BLOCK_K-wide slabs (contiguous, so loads coalesce) and keeps
+one float32 accumulator per (input row, feature). Rounding happens once, at the store. Where K >=
+2048 a slab spans 2,048-4,096 columns (whole rows up to K = 4,096; 16K weights) and is loaded with
+an evict-first hint: more bytes in flight per program, and the L2 left to the inputs. There two
+programs per SM each walk many blocks, loading the next slab while they reduce the last: a
+program's weight stream never waits for a reduction, a store or a new program's start
+(docs/benchmarks.md, "GPU, thirteenth round"). It takes
 - matrices with N <= 2K outputs and at most 16M weights, at 1-4 rows (the small model's o_proj and
   down_proj: 1.2-3x faster than cuBLAS);
-- any matrix with K >= 2048 at one row (the 8B model's projections and lm_head: 4-15 % faster).
+- any matrix with K >= 2048 at one row (the 8B model's projections and lm_head).
   At 2 rows it only matches cuBLAS there, and at 4 it loses.
 
 A decode step of a small model is a chain of few-microsecond kernels, so the input's producer is
@@ -24,6 +27,7 @@ Both round where the unfused layers round, so results match them to bf16 roundin
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -88,16 +92,21 @@ if triton is not None:
                      BLOCK_K: tl.constexpr,
                      HAS_BIAS: tl.constexpr, INPUT: tl.constexpr, HAS_RES: tl.constexpr,
                      STREAM: tl.constexpr, PDL: tl.constexpr):
+        """Program p owns the blocks of BLOCK_N outputs p, p + P, p + 2P, ... (P programs) and
+        walks their (block, slab) tiles in order, loading each tile's weights while it reduces
+        the one before: the weight stream never stops for a reduction, a store or a new program."""
         pid = tl.program_id(0)
-        n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        programs = tl.num_programs(0)
         m = tl.arange(0, MP)
-        n_mask, m_mask = n < N, m < M
+        m_mask = m < M
         dt = out_ptr.dtype.element_ty
         x_rows = x_ptr + m[:, None] * x_stride
-        # The first slab of weights is read before the wait for the kernels before this one (no
-        # kernel of a step writes weights): with PDL it streams in while they finish.
-        k = tl.arange(0, BLOCK_K)
-        w = _weights(w_ptr, n, n_mask, k, K, STREAM)
+        slabs = tl.cdiv(K, BLOCK_K)
+        tiles = tl.cdiv(tl.cdiv(N, BLOCK_N) - pid, programs) * slabs
+        # The first tile's weights are read before the wait for the kernels before this one (no
+        # kernel of a step writes weights): with PDL they stream in while those finish.
+        n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        w = _weights(w_ptr, n, n < N, tl.arange(0, BLOCK_K), K, STREAM)
         wait_for_step_data(PDL)
         scale = tl.full((MP, 1), 1.0, tl.float32)
         if INPUT == 2:  # first pass: the rows' mean square (and the new residual, by program 0)
@@ -114,17 +123,27 @@ if triton is not None:
                 h = h.to(tl.float32)
                 ss += tl.sum(h * h, axis=1)
             scale = tl.rsqrt(ss / K + eps)[:, None]  # (MP, 1)
-        x = _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT, HAS_RES)
-        acc = tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)  # (MP, BLOCK_N)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            w = _weights(w_ptr, n, n_mask, k, K, STREAM)
+        acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
+        for t in range(0, tiles):
+            # the next tile's weights first; past the last tile the mask reads nothing
+            nxt = t + 1
+            n_next = (pid + (nxt // slabs) * programs) * BLOCK_N + tl.arange(0, BLOCK_N)
+            k_next = (nxt % slabs) * BLOCK_K + tl.arange(0, BLOCK_K)
+            w_next = _weights(w_ptr, n_next, n_next < tl.where(nxt < tiles, N, 0), k_next, K,
+                              STREAM)
+            s = t % slabs
+            k = s * BLOCK_K + tl.arange(0, BLOCK_K)
             x = _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT, HAS_RES)
-            acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + m[:, None] * out_stride + n[None, :], acc.to(dt),
-                 mask=m_mask[:, None] & n_mask[None, :])
+            acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)  # (MP, BLOCK_N)
+            if s == slabs - 1:
+                n = (pid + (t // slabs) * programs) * BLOCK_N + tl.arange(0, BLOCK_N)
+                n_mask = n < N
+                if HAS_BIAS:
+                    acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+                tl.store(out_ptr + m[:, None] * out_stride + n[None, :], acc.to(dt),
+                         mask=m_mask[:, None] & n_mask[None, :])
+                acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
+            w = w_next
 
 
 def _kernel_ok(x: torch.Tensor, weight: torch.Tensor, max_rows: int,
@@ -139,15 +158,21 @@ def _small_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return _kernel_ok(x, weight, MAX_ROWS) and weight.size(0) <= 2 * weight.size(1)
 
 
+def _wide_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """One row and K >= WIDE_K, any size whose offsets stay within int32."""
+    return _kernel_ok(x, weight, 1, max_weights=(1 << 31) - 1) and weight.size(1) >= WIDE_K
+
+
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The plain product beats cuBLAS here: few rows and a small matrix with N <= 2K, or one row
-    and K >= WIDE_K (offsets stay within int32)."""
-    return _small_ok(x, weight) or (
-        _kernel_ok(x, weight, 1, max_weights=(1 << 31) - 1) and weight.size(1) >= WIDE_K)
+    and K >= WIDE_K."""
+    return _small_ok(x, weight) or _wide_ok(x, weight)
 
 
 def gated_usable(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
-    return _small_ok(gate_up, weight) and gate_up.size(1) == 2 * weight.size(1)
+    """Where the plain product runs here, folding SiLU-mul in saves its kernel."""
+    return (gate_up.size(-1) == 2 * weight.size(1)
+            and (_small_ok(gate_up, weight) or _wide_ok(gate_up, weight)))
 
 
 def normed_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -163,22 +188,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Blocks(NamedTuple):
-    """A launch shape: each program owns `block_n` outputs and reads their rows `block_k` weights
-    at a time; `stream` loads the weights with an evict-first hint (each is read once)."""
+    """A launch shape: a program reads `block_n` outputs' rows `block_k` weights at a time;
+    `stream` loads the weights with an evict-first hint (each is read once). `per_sm` > 0
+    launches that many programs per SM, each looping over several blocks of outputs; 0 launches
+    one program per block."""
 
     block_n: int
     block_k: int
     warps: int
     stream: bool = False
+    per_sm: int = 0
 
 
 def config(N: int, K: int) -> Blocks:
-    """16K weights per slab: whole rows where K >= WIDE_K (the H200 sweep's best or within 4 % of
-    it for every such shape, 1-4 rows), else 1,024-wide slabs and enough programs to fill the
-    GPU."""
+    """16K weights per slab: whole rows where K >= WIDE_K, two programs per SM (the best of the
+    H200 sweeps, alone and chained as in a decode step), else 1,024-wide slabs and enough programs
+    to fill the GPU."""
     if K >= WIDE_K:
         block_k = min(triton.next_power_of_2(K), 4096)
-        return Blocks(16384 // block_k, block_k, 8, stream=True)
+        return Blocks(16384 // block_k, block_k, 8, stream=True, per_sm=2)
     block_k = min(triton.next_power_of_2(K), 1024)
     block_n = 16384 // block_k
     while block_n > 1 and triton.cdiv(N, block_n) < _TARGET_PROGRAMS:
@@ -212,6 +240,14 @@ def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     return y, s
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 elsewhere: Triton's interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             blocks: Blocks | None, residual: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None,
@@ -222,8 +258,11 @@ def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     r_out = None
     if input == NORMED:
         r_out = torch.empty(M, K, dtype=x.dtype, device=x.device) if residual is not None else x
-    block_n, block_k, warps, stream = blocks or config(N, K)
-    _gemv_kernel[(triton.cdiv(N, block_n),)](
+    block_n, block_k, warps, stream, per_sm = blocks or config(N, K)
+    programs = triton.cdiv(N, block_n)
+    if per_sm:
+        programs = min(programs, per_sm * _sm_count(x.device))
+    _gemv_kernel[(programs,)](
         x, weight, bias if bias is not None else weight, out,
         residual if residual is not None else x,
         r_out if r_out is not None else out, norm_weight if norm_weight is not None else weight,

@@ -117,8 +117,9 @@ def test_gemv_one_row_of_a_large_matrix(n, k, bias):
     assert out.shape == (1, n) and rel_error(out, ref) < TOL
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4])
-@pytest.mark.parametrize("n,k", [(1024, 3072), (500, 300)])
+@pytest.mark.parametrize("rows,n,k", [(r, n, k) for r in (1, 2, 4) for n, k in [(1024, 3072),
+                                                                                (500, 300)]]
+                         + [(1, 4096, 12288)])  # one row of Qwen3-8B's down_proj: a wide matrix
 def test_gated_gemv(rows, n, k):
     """down_proj with SiLU-mul folded in, against silu(gate) * up rounded as eager layers round."""
     from radixserve.engine.layers import fused, gemv

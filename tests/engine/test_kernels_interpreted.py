@@ -1,7 +1,8 @@
 """The layers' Triton kernels run by Triton's interpreter on a CPU (where no GPU runs them itself:
 tests/engine/test_fused_gpu.py does there). The GEMV reads its first slab of weights before it
 waits for the kernels before it (engine/pdl.py), then the rest in its loop: its three input forms,
-over one slab and over several, give torch's products."""
+over one slab and over several, one block of outputs per program or several, give torch's
+products."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import torch.nn.functional as F
 from radixserve.engine.layers import fused, gemv
 
 torch.manual_seed(0)
-for M, N, K, block_k in [(1, 64, 96, 128), (2, 48, 2100, 1024), (3, 32, 5000, 2048)]:
-    blocks = gemv.Blocks(16, block_k, 4, stream=K >= 2048)
+cases = [(1, 64, 96, 128), (2, 48, 2100, 1024), (3, 32, 5000, 2048)]
+# per_sm 2: two programs (one "SM" here) take the 2-4 blocks of outputs in turns, one of them
+# an odd block more than the other
+for (M, N, K, block_k), per_sm in [(c, p) for c in cases for p in (0, 2)] + [((1, 40, 300, 128), 2)]:
+    blocks = gemv.Blocks(16, block_k, 4, stream=K >= 2048, per_sm=per_sm)
     x, w, b = torch.randn(M, K), torch.randn(N, K), torch.randn(N)
     tol = 1e-6 * K
     assert torch.allclose(gemv.gemv(x, w, b, blocks), x @ w.T + b, atol=tol), "plain"
