@@ -176,8 +176,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     async def _fail(self, method: str, exc: BaseException,
                     context: grpc.aio.ServicerContext) -> None:
         """Answer `exc` with its status (context.abort raises AbortError, which ends the RPC)."""
-        if isinstance(exc, asyncio.CancelledError):
+        if isinstance(exc, (asyncio.CancelledError, grpc.aio.InternalError)):
             # The client went away or its deadline passed; grpc already knows the final status.
+            # InternalError: grpc failed a batch of the call (its ExecuteBatchError), as it does a
+            # write in flight or queued when the client cancels: no bug of ours, and nothing can
+            # answer the call any more. (grpc logs one that fails while the client is still there.)
             remaining = context.time_remaining()
             expired = remaining is not None and remaining <= 0
             self._report(
