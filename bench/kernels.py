@@ -264,10 +264,10 @@ def gemv() -> list[dict[str, Any]]:
 
 
 # Launch-shape policies for gemv_layers: (a Blocks tuple for every matrix, or None for the engine's
-# own, gemv.config; whether down_proj folds SiLU-mul in, as the engine does where gated_usable)
+# own, gemv.config; whether down_proj folds SiLU-mul in, which the engine does for small matrices)
 GEMV_LAYER_POLICIES: dict[str, Any] = {
-    "engine": (None, True), "engine unfused": (None, False),
-    **{f"{bn}x{bk}w{nw}p{p}": ((bn, bk, nw, True, p), True)
+    "engine": (None, False), "engine, SiLU-mul folded": (None, True),
+    **{f"{bn}x{bk}w{nw}p{p}": ((bn, bk, nw, True, p), False)
        for bn, bk, nw, p in [(4, 4096, 8, 0), (4, 4096, 8, 1), (4, 4096, 8, 2), (4, 4096, 8, 4),
                              (8, 2048, 8, 2), (2, 4096, 4, 4), (4, 4096, 4, 2)]}}
 
