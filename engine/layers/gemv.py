@@ -278,9 +278,8 @@ def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     if input == NORMED:
         r_out = torch.empty(M, K, dtype=x.dtype, device=x.device) if residual is not None else x
     block_n, block_k, warps, stream, per_sm = blocks or config(N, K)
-    programs = triton.cdiv(N, block_n)
-    if per_sm:
-        programs = min(programs, per_sm * _sm_count(x.device))
+    blocks_n = triton.cdiv(N, block_n)
+    programs = min(blocks_n, per_sm * _sm_count(x.device)) if per_sm else blocks_n
     _gemv_kernel[(programs,)](
         x, weight, bias if bias is not None else weight, out,
         residual if residual is not None else x,
@@ -288,6 +287,6 @@ def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         eps, N, K, x.stride(0), out.stride(0), M=M, MP=triton.next_power_of_2(M), BLOCK_N=block_n,
         BLOCK_K=block_k,
         HAS_BIAS=bias is not None, INPUT=input, HAS_RES=residual is not None, STREAM=stream,
-        WALK=per_sm > 0,
+        WALK=programs < blocks_n,  # else each program has one block: the straight-line code
         num_warps=warps, **pdl.launch_kwargs())
     return out, r_out
