@@ -263,26 +263,28 @@ def gemv() -> list[dict[str, Any]]:
     return rows
 
 
-# Launch-shape policies for gemv_layers: (a Blocks tuple for every matrix, or None for the engine's
-# own, gemv.config; whether down_proj folds SiLU-mul in, which the engine does for small matrices)
+# Policies for gemv_layers: (a Blocks tuple for every matrix, or None for the engine's own,
+# gemv.config; fold RMSNorm into qkv and gate_up; fold SiLU-mul into down), a fold None doing what
+# the engine does (gemv.normed_usable, gemv.gated_usable: neither, for Qwen3-8B at one row)
 GEMV_LAYER_POLICIES: dict[str, Any] = {
-    "engine": (None, False), "engine, SiLU-mul folded": (None, True),
-    **{f"{bn}x{bk}w{nw}p{p}": ((bn, bk, nw, True, p), False)
+    "engine": (None, None, None), "norm folded": (None, True, None),
+    "norm and SiLU-mul folded": (None, True, True),
+    **{f"{bn}x{bk}w{nw}p{p}": ((bn, bk, nw, True, p), None, None)
        for bn, bk, nw, p in [(4, 4096, 8, 0), (4, 4096, 8, 1), (4, 4096, 8, 2), (4, 4096, 8, 4),
                              (8, 2048, 8, 2), (2, 4096, 4, 4), (4, 4096, 4, 2)]}}
 
 
 def gemv_layers() -> list[dict[str, Any]]:
-    """Qwen3-8B's projections at one row, chained as a decode step chains them (RMSNorm + qkv, o,
-    RMSNorm + gate_up, SiLU-mul folded into down or not; attention left out), over 8 layers of
-    distinct weights (3 GB: no layer's weights are in the L2 when it runs) in one CUDA graph,
-    with programmatic dependent launch on and off: microseconds per layer and the weights' TB/s
-    under each policy, next to cuBLAS doing the four products alone."""
+    """Qwen3-8B's projections at one row, chained as a decode step chains them (RMSNorm, qkv, o,
+    RMSNorm, gate_up, SiLU-mul, down; attention left out), over 8 layers of distinct weights
+    (3 GB: no layer's weights are in the L2 when it runs) in one CUDA graph, with programmatic
+    dependent launch on and off: microseconds per layer and the weights' TB/s under each policy,
+    next to cuBLAS doing the four products alone."""
     from radixserve.engine import pdl
     from radixserve.engine.layers import fused
     from radixserve.engine.layers import gemv as g
 
-    H, inter, qkv_n, layers = 4096, 12288, 6144, 8
+    H, inter, qkv_n, layers, eps = 4096, 12288, 6144, 8, 1e-6
     dev = torch.device("cuda")
 
     def weight(n: int, k: int) -> torch.Tensor:
@@ -293,17 +295,24 @@ def gemv_layers() -> list[dict[str, Any]]:
     layer_bytes = sum(w.numel() * 2 for w in ws[0])
     nw = torch.ones(H, device=dev, dtype=torch.bfloat16)
     x = torch.randn(1, H, device=dev).bfloat16()
+    residual = torch.zeros(1, H, device=dev, dtype=torch.bfloat16)
 
-    def chain(shape: Any, gated: bool) -> Any:
+    def chain(shape: Any, fold_norm: bool | None, fold_silu: bool | None) -> Any:
         b = None if shape is None else g.Blocks(*shape)
 
+        def normed(h: torch.Tensor, res: torch.Tensor, w: torch.Tensor) -> Any:
+            if g.normed_usable(h, w) if fold_norm is None else fold_norm:
+                return g.normed_gemv(h, res, nw, eps, w, blocks=b)
+            n, res = fused.add_rms_norm(h, res, nw, eps)
+            return g.gemv(n, w, blocks=b), res
+
         def run() -> None:
-            h, res = x, None
+            h, res = x, residual
             for wq, wo, wgu, wd in ws:
-                qkv, res = g.normed_gemv(h, res, nw, 1e-6, wq, blocks=b)
+                qkv, res = normed(h, res, wq)
                 o = g.gemv(qkv[:, :H], wo, blocks=b)
-                gu, res = g.normed_gemv(o, res, nw, 1e-6, wgu, blocks=b)
-                if gated:
+                gu, res = normed(o, res, wgu)
+                if g.gated_usable(gu, wd) if fold_silu is None else fold_silu:
                     h = g.gated_gemv(gu, wd, blocks=b)
                 else:
                     h = g.gemv(fused.silu_and_mul(gu), wd, blocks=b)
