@@ -8,9 +8,9 @@ docs/benchmarks.md). This kernel streams each weight row once: it cuts the outpu
 BLOCK_N features, reads their rows in BLOCK_K-wide slabs (contiguous, so loads coalesce) and keeps
 one float32 accumulator per (input row, feature). Rounding happens once, at the store. Where K >=
 2048 a slab spans 2,048-4,096 columns (whole rows up to K = 4,096; 16K weights) and is loaded with
-an evict-first hint: more bytes in flight per program, and the L2 left to the inputs. There two
-programs per SM each walk many blocks, loading the next slab while they reduce the last: a
-program's weight stream never waits for a reduction, a store or a new program's start
+an evict-first hint: more bytes in flight per program, and the L2 left to the inputs. There at
+most two programs per SM share out the blocks, each loading its next slab while it reduces the
+last: a program's weight stream never waits for a reduction, a store or a new program's start
 (docs/benchmarks.md, "GPU, thirteenth round"). It takes
 - matrices with N <= 2K outputs and at most 16M weights, at 1-4 rows (the small model's o_proj and
   down_proj: 1.2-3x faster than cuBLAS);

@@ -17,7 +17,8 @@ torch.manual_seed(0)
 cases = [(1, 64, 96, 128), (2, 48, 2100, 1024), (3, 32, 5000, 2048)]
 # per_sm 2: two programs (one "SM" here) take the 2-4 blocks of outputs in turns, one of them
 # an odd block more than the other
-for (M, N, K, block_k), per_sm in [(c, p) for c in cases for p in (0, 2)] + [((1, 40, 300, 128), 2)]:
+runs = [(c, p) for c in cases for p in (0, 2)] + [((1, 40, 300, 128), 2)]
+for (M, N, K, block_k), per_sm in runs:
     blocks = gemv.Blocks(16, block_k, 4, stream=K >= 2048, per_sm=per_sm)
     x, w, b = torch.randn(M, K), torch.randn(N, K), torch.randn(N)
     tol = 1e-6 * K
