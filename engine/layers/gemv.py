@@ -97,13 +97,10 @@ if triton is not None:
         each tile's weights while it reduces the one before: the weight stream never stops for a
         reduction, a store or a new program."""
         pid = tl.program_id(0)
-        programs = tl.num_programs(0)
         m = tl.arange(0, MP)
         m_mask = m < M
         dt = out_ptr.dtype.element_ty
         x_rows = x_ptr + m[:, None] * x_stride
-        slabs = tl.cdiv(K, BLOCK_K)
-        tiles = tl.cdiv(tl.cdiv(N, BLOCK_N) - pid, programs) * slabs
         # The first tile's weights are read before the wait for the kernels before this one (no
         # kernel of a step writes weights): with PDL they stream in while those finish.
         n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,6 +133,9 @@ if triton is not None:
                 acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)
             _store(out_ptr, b_ptr, acc, n, N, m, m_mask, out_stride, HAS_BIAS)
         else:
+            programs = tl.num_programs(0)
+            slabs = tl.cdiv(K, BLOCK_K)
+            tiles = tl.cdiv(tl.cdiv(N, BLOCK_N) - pid, programs) * slabs  # this program's
             acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
             for t in range(0, tiles):
                 # the next tile's weights first; past the last tile the mask reads nothing
