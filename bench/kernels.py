@@ -264,14 +264,15 @@ def gemv() -> list[dict[str, Any]]:
 
 
 # Policies for gemv_layers: (a Blocks tuple for every matrix, or None for the engine's own,
-# gemv.config; fold RMSNorm into qkv and gate_up; fold SiLU-mul into down), a fold None doing what
-# the engine does (gemv.normed_usable, gemv.gated_usable: neither, for Qwen3-8B at one row)
+# gemv.config; fold RMSNorm into qkv and gate_up; where SiLU-mul runs: "up" in gate_up's store,
+# "down" in down's input, "apart" as a kernel of its own), a None doing what the engine does
+# (gemv.normed_usable: the norm folded and SiLU-mul in gate_up, for Qwen3-8B at one row)
 GEMV_LAYER_POLICIES: dict[str, Any] = {
-    "engine": (None, None, None), "norm folded": (None, True, None),
-    "norm and SiLU-mul folded": (None, True, True),
+    "engine": (None, None, None), "nothing folded": (None, False, "apart"),
+    "norm folded": (None, True, "apart"), "norm folded, SiLU-mul in down": (None, True, "down"),
     **{f"{bn}x{bk}w{nw}p{p}": ((bn, bk, nw, True, p), None, None)
-       for bn, bk, nw, p in [(4, 4096, 8, 0), (4, 4096, 8, 1), (4, 4096, 8, 2), (4, 4096, 8, 4),
-                             (8, 2048, 8, 2), (2, 4096, 4, 4), (4, 4096, 4, 2)]}}
+       for bn, bk, nw, p in [(4, 4096, 8, 0), (4, 4096, 8, 2), (4, 4096, 8, 4), (8, 2048, 8, 2),
+                             (4, 4096, 4, 2)]}}
 
 
 def gemv_layers() -> list[dict[str, Any]]:
@@ -297,25 +298,26 @@ def gemv_layers() -> list[dict[str, Any]]:
     x = torch.randn(1, H, device=dev).bfloat16()
     residual = torch.zeros(1, H, device=dev, dtype=torch.bfloat16)
 
-    def chain(shape: Any, fold_norm: bool | None, fold_silu: bool | None) -> Any:
+    def chain(shape: Any, fold_norm: bool | None, silu: str | None) -> Any:
         b = None if shape is None else g.Blocks(*shape)
 
-        def normed(h: torch.Tensor, res: torch.Tensor, w: torch.Tensor) -> Any:
+        def normed(h: torch.Tensor, res: torch.Tensor, w: torch.Tensor, swiglu: bool) -> Any:
             if g.normed_usable(h, w) if fold_norm is None else fold_norm:
-                return g.normed_gemv(h, res, nw, eps, w, blocks=b)
+                return g.normed_gemv(h, res, nw, eps, w, blocks=b, swiglu=swiglu)
             n, res = fused.add_rms_norm(h, res, nw, eps)
-            return g.gemv(n, w, blocks=b), res
+            return g.gemv(n, w, blocks=b, swiglu=swiglu), res
 
         def run() -> None:
             h, res = x, residual
             for wq, wo, wgu, wd in ws:
-                qkv, res = normed(h, res, wq)
+                qkv, res = normed(h, res, wq, False)
                 o = g.gemv(qkv[:, :H], wo, blocks=b)
-                gu, res = normed(o, res, wgu)
-                if g.gated_usable(gu, wd) if fold_silu is None else fold_silu:
+                where = silu or ("up" if g.normed_usable(o, wgu) else "apart")
+                gu, res = normed(o, res, wgu, where == "up")
+                if where == "down":
                     h = g.gated_gemv(gu, wd, blocks=b)
                 else:
-                    h = g.gemv(fused.silu_and_mul(gu), wd, blocks=b)
+                    h = g.gemv(gu if where == "up" else fused.silu_and_mul(gu), wd, blocks=b)
         return run
 
     def cublas() -> None:

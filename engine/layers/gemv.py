@@ -87,15 +87,29 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _rows(blk, N, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr):
+        """Block blk's weight rows, (BLOCK_N,), and their mask. With SWIGLU the N rows are
+        [gate | up] and the block holds features j of both halves, interleaved: rows j and
+        N // 2 + j side by side, for BLOCK_N // 2 features."""
+        i = tl.arange(0, BLOCK_N)
+        if SWIGLU:
+            j = blk * (BLOCK_N // 2) + i // 2
+            return j + (i % 2) * (N // 2), j < N // 2
+        n = blk * BLOCK_N + i
+        return n, n < N
+
+    @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, r_ptr, r_out_ptr, nw_ptr, eps, N, K, x_stride,
                      out_stride, M: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr,
                      HAS_BIAS: tl.constexpr, INPUT: tl.constexpr, HAS_RES: tl.constexpr,
-                     STREAM: tl.constexpr, WALK: tl.constexpr, PDL: tl.constexpr):
-        """Without WALK, program p computes the block of BLOCK_N outputs p. With it, program p of
-        P owns blocks p, p + P, p + 2P, ... and walks their (block, slab) tiles in order, loading
-        each tile's weights while it reduces the one before: the weight stream never stops for a
-        reduction, a store or a new program."""
+                     STREAM: tl.constexpr, WALK: tl.constexpr, ONE_SLAB: tl.constexpr,
+                     SWIGLU: tl.constexpr, PDL: tl.constexpr):
+        """Without WALK, program p computes the block of outputs p. With it, program p of P owns
+        blocks p, p + P, p + 2P, ... and walks their (block, slab) tiles in order, loading each
+        tile's weights while it reduces the one before: the weight stream never stops for a
+        reduction, a store or a new program. ONE_SLAB (BLOCK_K >= K): every tile's input is the
+        whole row, computed once."""
         pid = tl.program_id(0)
         m = tl.arange(0, MP)
         m_mask = m < M
@@ -103,8 +117,9 @@ if triton is not None:
         x_rows = x_ptr + m[:, None] * x_stride
         # The first tile's weights are read before the wait for the kernels before this one (no
         # kernel of a step writes weights): with PDL they stream in while those finish.
-        n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        w = _weights(w_ptr, n, n < N, tl.arange(0, BLOCK_K), K, STREAM)
+        n, n_mask = _rows(pid, N, BLOCK_N, SWIGLU)
+        k = tl.arange(0, BLOCK_K)
+        w = _weights(w_ptr, n, n_mask, k, K, STREAM)
         wait_for_step_data(PDL)
         scale = tl.full((MP, 1), 1.0, tl.float32)
         if INPUT == 2:  # first pass: the rows' mean square (and the new residual, by program 0)
@@ -121,48 +136,65 @@ if triton is not None:
                 h = h.to(tl.float32)
                 ss += tl.sum(h * h, axis=1)
             scale = tl.rsqrt(ss / K + eps)[:, None]  # (MP, 1)
+        x = _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT, HAS_RES)
         if not WALK:  # one block per program: its slabs in turn
-            k = tl.arange(0, BLOCK_K)
-            x = _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT, HAS_RES)
             acc = tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)  # (MP, BLOCK_N)
             for k0 in range(BLOCK_K, K, BLOCK_K):
                 k = k0 + tl.arange(0, BLOCK_K)
-                w = _weights(w_ptr, n, n < N, k, K, STREAM)
+                w = _weights(w_ptr, n, n_mask, k, K, STREAM)
                 x = _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT,
                             HAS_RES)
                 acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)
-            _store(out_ptr, b_ptr, acc, n, N, m, m_mask, out_stride, HAS_BIAS)
+            _store(out_ptr, b_ptr, acc, pid, N, m, m_mask, out_stride, MP, BLOCK_N, HAS_BIAS,
+                   SWIGLU)
         else:
             programs = tl.num_programs(0)
             slabs = tl.cdiv(K, BLOCK_K)
-            tiles = tl.cdiv(tl.cdiv(N, BLOCK_N) - pid, programs) * slabs  # this program's
+            if SWIGLU:
+                blocks = tl.cdiv(N // 2, BLOCK_N // 2)
+            else:
+                blocks = tl.cdiv(N, BLOCK_N)
+            tiles = tl.cdiv(blocks - pid, programs) * slabs  # this program's
             acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
             for t in range(0, tiles):
-                # the next tile's weights first; past the last tile the mask reads nothing
+                # the next tile's weights first; past the last tile its block is past the last
+                # block, so the mask reads nothing
                 nxt = t + 1
-                n_next = (pid + (nxt // slabs) * programs) * BLOCK_N + tl.arange(0, BLOCK_N)
+                n_next, next_mask = _rows(pid + (nxt // slabs) * programs, N, BLOCK_N, SWIGLU)
                 k_next = (nxt % slabs) * BLOCK_K + tl.arange(0, BLOCK_K)
-                w_next = _weights(w_ptr, n_next, n_next < tl.where(nxt < tiles, N, 0), k_next,
-                                  K, STREAM)
+                w_next = _weights(w_ptr, n_next, next_mask, k_next, K, STREAM)
                 s = t % slabs
-                k = s * BLOCK_K + tl.arange(0, BLOCK_K)
-                x = _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT,
-                            HAS_RES)
+                if not ONE_SLAB:
+                    k = s * BLOCK_K + tl.arange(0, BLOCK_K)
+                    x = _inputs(x_rows, r_ptr, nw_ptr, out_ptr, m, m_mask, k, K, scale, INPUT,
+                                HAS_RES)
                 acc += tl.sum(w.to(tl.float32)[None, :, :] * x[:, None, :], axis=2)
                 if s == slabs - 1:
-                    n = (pid + (t // slabs) * programs) * BLOCK_N + tl.arange(0, BLOCK_N)
-                    _store(out_ptr, b_ptr, acc, n, N, m, m_mask, out_stride, HAS_BIAS)
+                    _store(out_ptr, b_ptr, acc, pid + (t // slabs) * programs, N, m, m_mask,
+                           out_stride, MP, BLOCK_N, HAS_BIAS, SWIGLU)
                     acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
                 w = w_next
 
     @triton.jit
-    def _store(out_ptr, b_ptr, acc, n, N, m, m_mask, out_stride, HAS_BIAS: tl.constexpr):
-        """A block's outputs, (MP, BLOCK_N) float32, plus the bias, rounded once."""
-        n_mask = n < N
+    def _store(out_ptr, b_ptr, acc, blk, N, m, m_mask, out_stride, MP: tl.constexpr,
+               BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
+        """Block blk's outputs from acc (MP, BLOCK_N) float32, plus the bias, rounded once; with
+        SWIGLU, silu(gate) * up of its (gate, up) pairs, (MP, BLOCK_N // 2), rounded where the
+        unfused projection and SiLU-mul round."""
+        n, n_mask = _rows(blk, N, BLOCK_N, SWIGLU)
         if HAS_BIAS:
             acc += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + m[:, None] * out_stride + n[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        dt = out_ptr.dtype.element_ty
+        if SWIGLU:
+            g, u = tl.split(tl.reshape(acc, (MP, BLOCK_N // 2, 2)))
+            g = g.to(dt).to(tl.float32)
+            y = (g * tl.sigmoid(g)).to(dt).to(tl.float32) * u.to(dt).to(tl.float32)
+            j = blk * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            tl.store(out_ptr + m[:, None] * out_stride + j[None, :], y.to(dt),
+                     mask=m_mask[:, None] & (j < N // 2)[None, :])
+        else:
+            tl.store(out_ptr + m[:, None] * out_stride + n[None, :], acc.to(dt),
+                     mask=m_mask[:, None] & n_mask[None, :])
 
 
 def _kernel_ok(x: torch.Tensor, weight: torch.Tensor, max_rows: int,
@@ -195,8 +227,11 @@ def gated_usable(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def normed_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Worth fusing even where the plain product only matches cuBLAS: it saves the norm's launch."""
-    return _kernel_ok(x, weight, MAX_NORMED_ROWS) and x.size(1) == weight.size(1)
+    """Worth fusing even where the plain product only matches cuBLAS: it saves the norm's launch.
+    Small matrices at 1-2 rows, and wide ones (K >= WIDE_K) at one row: there each program
+    normalizes the row once and keeps it for all its blocks."""
+    return ((_kernel_ok(x, weight, MAX_NORMED_ROWS) or _wide_ok(x, weight))
+            and x.size(1) == weight.size(1))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -234,11 +269,12 @@ def config(N: int, K: int) -> Blocks:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         blocks: Blocks | None = None) -> torch.Tensor:
-    """x (M, K), weight (N, K), bias (N,) -> x @ weight.T + bias, (M, N) in x's dtype.
+         blocks: Blocks | None = None, swiglu: bool = False) -> torch.Tensor:
+    """x (M, K), weight (N, K), bias (N,) -> y = x @ weight.T + bias, (M, N) in x's dtype; with
+    swiglu, silu(y[:, :N/2]) * y[:, N/2:], (M, N/2): weight is a fused [gate | up].
 
     M <= MAX_ROWS."""
-    return _launch(PLAIN, x, weight, bias, blocks)[0]
+    return _launch(PLAIN, x, weight, bias, blocks, swiglu=swiglu)[0]
 
 
 def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -251,10 +287,12 @@ def gated_gemv(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def normed_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                blocks: Blocks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                blocks: Blocks | None = None,
+                swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) row-packed, residual (M, K) contiguous or None -> (rms_norm(s) @ weight.T + bias, s)
-    with s = x + residual (a new tensor; the residual is not written) or s = x without one."""
-    y, s = _launch(NORMED, x, weight, bias, blocks, residual, norm_weight, eps)
+    with s = x + residual (a new tensor; the residual is not written) or s = x without one; swiglu
+    as in `gemv`."""
+    y, s = _launch(NORMED, x, weight, bias, blocks, residual, norm_weight, eps, swiglu)
     assert s is not None
     return y, s
 
@@ -269,16 +307,20 @@ def _sm_count(device: torch.device) -> int:
 
 def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             blocks: Blocks | None, residual: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None,
-            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+            swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     M = x.size(0)
     N, K = weight.shape
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if swiglu and N % 2:
+        raise ValueError(f"a [gate | up] weight has an even number of rows, not {N}")
+    out = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
     r_out = None
     if input == NORMED:
         r_out = torch.empty(M, K, dtype=x.dtype, device=x.device) if residual is not None else x
     block_n, block_k, warps, stream, per_sm = blocks or config(N, K)
-    blocks_n = triton.cdiv(N, block_n)
+    if swiglu:  # a block holds (gate, up) pairs of rows
+        block_n = max(block_n, 2)
+    blocks_n = triton.cdiv(N // 2, block_n // 2) if swiglu else triton.cdiv(N, block_n)
     programs = min(blocks_n, per_sm * _sm_count(x.device)) if per_sm else blocks_n
     _gemv_kernel[(programs,)](
         x, weight, bias if bias is not None else weight, out,
@@ -288,5 +330,6 @@ def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         BLOCK_K=block_k,
         HAS_BIAS=bias is not None, INPUT=input, HAS_RES=residual is not None, STREAM=stream,
         WALK=programs < blocks_n,  # else each program has one block: the straight-line code
+        ONE_SLAB=block_k >= K, SWIGLU=swiglu,
         num_warps=warps, **pdl.launch_kwargs())
     return out, r_out

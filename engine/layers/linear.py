@@ -69,12 +69,19 @@ class ColumnParallelLinear(LinearBase):
         tp = get_comm().world_size
         super().__init__(in_features, _divide(out_features, tp, "output features"), bias)
 
-    def normed(self, x: torch.Tensor, residual: torch.Tensor | None,
-               norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    def normed_gemv_usable(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """Whether `normed` runs as one GEMV kernel (a batch of 1-2 rows)."""
+        return gemv.normed_usable(x, self.weight) and (residual is None or residual.is_contiguous())
+
+    def normed(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
+               swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """self(norm(x + residual)) and the residual stream x + residual (x alone when residual is
-        None): one GEMV kernel at a batch of 1-2 rows, the fused add+norm and a matmul otherwise."""
-        if gemv.normed_usable(x, self.weight) and (residual is None or residual.is_contiguous()):
-            return gemv.normed_gemv(x, residual, norm.weight, norm.eps, self.weight, self.bias)
+        None): one GEMV kernel at a batch of 1-2 rows, the fused add+norm and a matmul otherwise.
+        swiglu (GEMV only): the output is silu(gate) * up of a [gate | up] projection."""
+        if self.normed_gemv_usable(x, residual):
+            return gemv.normed_gemv(x, residual, norm.weight, norm.eps, self.weight, self.bias,
+                                    swiglu=swiglu)
+        assert not swiglu, "SiLU-mul folds into the normed projection on the GEMV path only"
         h, residual = (norm(x), x) if residual is None else norm(x, residual)
         return self(h), residual
 

@@ -40,8 +40,7 @@ class DecoderLayer(nn.Module):
                         residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """attn_out (T, nh, hd) -> (the MLP's output (T, hidden), the residual stream)."""
         h = self.self_attn.output(attn_out)
-        gate_up, residual = self.mlp.gate_up_proj.normed(h, residual, self.post_attention_layernorm)
-        return self.mlp.down(gate_up), residual
+        return self.mlp.normed(h, residual, self.post_attention_layernorm)
 
 
 class DecoderModel(nn.Module):

@@ -153,3 +153,34 @@ def test_normed_gemv(rows, n, k, bias, with_residual):
     assert rel_error(y, ref) < TOL and rel_error(stream, total) < TOL
     if res is not None:
         assert torch.equal(res, res_before)
+
+
+@pytest.mark.parametrize("rows,n,k,bias", [(1, 6144, 1024, False), (2, 6144, 1024, False),
+                                           (1, 600, 1000, True), (2, 3000, 4096, False),
+                                           (1, 24576, 4096, False)])  # Qwen3-8B's gate_up
+@pytest.mark.parametrize("normed", [True, False])
+def test_swiglu_gemv(rows, n, k, bias, normed):
+    """gate_up with SiLU-mul folded into its store: silu(gate) * up from one kernel matches the
+    projection followed by fused.silu_and_mul, each rounding to bf16 where the layers do; wide
+    matrices fold the norm at one row only."""
+    from radixserve.engine.layers import fused, gemv
+
+    x = torch.randn(rows, k + 8, device="cuda").bfloat16()[:, :k]
+    res = (torch.randn(rows, k, device="cuda") * 3).bfloat16()
+    nw = (1 + 0.1 * torch.randn(k, device="cuda")).bfloat16()
+    w = (torch.randn(n, k, device="cuda") / k**0.5).bfloat16()
+    b = torch.randn(n, device="cuda").bfloat16() if bias else None
+    if normed:
+        assert gemv.normed_usable(x, w)
+        if n * k > gemv.MAX_WEIGHT_ELEMENTS:
+            assert not gemv.normed_usable(torch.cat([x, x]), w)
+        y, stream = gemv.normed_gemv(x, res, nw, 1e-6, w, b, swiglu=True)
+        total = x.double() + res.double()
+        assert rel_error(stream, total) < TOL
+        gate_up = _rms64(total, nw, 1e-6) @ w.double().T
+    else:
+        y = gemv.gemv(x, w, b, swiglu=True)
+        gate_up = x.double() @ w.double().T
+    gate_up = (gate_up + (b.double() if bias else 0)).bfloat16()
+    assert y.shape == (rows, n // 2)
+    assert rel_error(y, fused.silu_and_mul(gate_up)) < TOL

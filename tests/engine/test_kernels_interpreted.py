@@ -1,8 +1,8 @@
 """The layers' Triton kernels run by Triton's interpreter on a CPU (where no GPU runs them itself:
 tests/engine/test_fused_gpu.py does there). The GEMV reads its first slab of weights before it
-waits for the kernels before it (engine/pdl.py), then the rest in its loop: its three input forms,
-over one slab and over several, one block of outputs per program or several, give torch's
-products."""
+waits for the kernels before it (engine/pdl.py), then the rest in its loop: its three input forms
+and its SwiGLU output, over one slab and over several, one block of outputs per program or several,
+give torch's products."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ for (M, N, K, block_k), per_sm in runs:
     h = x + r
     normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * nw
     assert torch.equal(s, h) and torch.allclose(y, normed @ w.T, atol=tol), "normed"
+    # swiglu: w as a [gate | up] of N / 2 features, 8 a block (the last case's last block half
+    # full)
+    g, u = (x @ w.T + b).chunk(2, dim=-1)
+    # products of two sums of K terms: errors relative to the largest output
+    close = lambda y, ref: (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+    assert close(gemv.gemv(x, w, b, blocks, swiglu=True), F.silu(g) * u), "swiglu"
+    y, _ = gemv.normed_gemv(x, r, nw, 1e-6, w, b, blocks, swiglu=True)
+    g, u = (normed @ w.T + b).chunk(2, dim=-1)
+    assert close(y, F.silu(g) * u), "normed swiglu"
 x, r, nw = torch.randn(5, 128), torch.randn(5, 128), torch.randn(128)
 out, _ = fused.add_rms_norm(x, r.clone(), nw, 1e-6)
 h = x + r
