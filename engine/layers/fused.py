@@ -62,39 +62,44 @@ if triton is not None:
                              HP: tl.constexpr, VP: tl.constexpr, NORM: tl.constexpr,
                              STORE: tl.constexpr, PDL: tl.constexpr):
         """One token per program, all its heads at once: rows [0, NH) of the (HP, HALF) tiles are q
-        heads, [NH, NH + NKV) k heads. STORE writes k and v straight into the paged KV cache."""
-        wait_for_step_data(PDL)
+        heads, [NH, NH + NKV) k heads. STORE writes k and v straight into the paged KV cache.
+
+        The position, its cos and sin, the norms' weights and the KV location are read before the
+        wait for the kernels before this one: the step writes positions and locations before its
+        first kernel launched with PDL (engine/pdl.py), and nothing writes the others."""
         t = tl.program_id(0)
         HD: tl.constexpr = 2 * HALF
         h = tl.arange(0, HP)[:, None]
         i = tl.arange(0, HALF)[None, :]
         is_qk, is_q = h < NH + NKV, h < NH
-        base = qkv_ptr + t * qkv_stride + h * HD
-        x1 = tl.load(base + i, mask=is_qk, other=0.0).to(tl.float32)  # (HP, HALF)
-        x2 = tl.load(base + HALF + i, mask=is_qk, other=0.0).to(tl.float32)
         dt = q_out.dtype.element_ty
-        if NORM:
-            r = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
-            w1 = tl.where(is_q, tl.load(qw_ptr + i).to(tl.float32),
-                          tl.load(kw_ptr + i).to(tl.float32))
-            w2 = tl.where(is_q, tl.load(qw_ptr + HALF + i).to(tl.float32),
-                          tl.load(kw_ptr + HALF + i).to(tl.float32))
-            x1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-            x2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
         p = tl.load(pos_ptr + t).to(tl.int64)
         c1 = tl.load(cos_ptr + p * HD + i).to(dt).to(tl.float32)  # (1, HALF)
         c2 = tl.load(cos_ptr + p * HD + HALF + i).to(dt).to(tl.float32)
         s1 = tl.load(sin_ptr + p * HD + i).to(dt).to(tl.float32)
         s2 = tl.load(sin_ptr + p * HD + HALF + i).to(dt).to(tl.float32)
+        if NORM:
+            w1 = tl.where(is_q, tl.load(qw_ptr + i).to(tl.float32),
+                          tl.load(kw_ptr + i).to(tl.float32))
+            w2 = tl.where(is_q, tl.load(qw_ptr + HALF + i).to(tl.float32),
+                          tl.load(kw_ptr + HALF + i).to(tl.float32))
+        row = t
+        if STORE:
+            row = tl.load(loc_ptr + t).to(tl.int64)
+        wait_for_step_data(PDL)
+        base = qkv_ptr + t * qkv_stride + h * HD
+        x1 = tl.load(base + i, mask=is_qk, other=0.0).to(tl.float32)  # (HP, HALF)
+        x2 = tl.load(base + HALF + i, mask=is_qk, other=0.0).to(tl.float32)
+        if NORM:
+            r = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
+            x1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+            x2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
         o1 = (x1 * c1 - x2 * s1).to(dt)  # rotate-half layout
         o2 = (x2 * c2 + x1 * s2).to(dt)
         q_dst = q_out + (t * NH + h) * HD
         tl.store(q_dst + i, o1, mask=is_q)
         tl.store(q_dst + HALF + i, o2, mask=is_q)
         is_k = is_qk & (h >= NH)
-        row = t
-        if STORE:
-            row = tl.load(loc_ptr + t).to(tl.int64)
         k_dst = k_out + (row * NKV + h - NH) * HD
         kt = k_out.dtype.element_ty
         tl.store(k_dst + i, o1.to(kt), mask=is_k)
