@@ -9,14 +9,15 @@ What keeps the chain ordered as without PDL: every kernel launched with PDL wait
 before its first read of anything a kernel of the step writes and before its first write. When it
 completes, the kernel before it has completed, and so, by the same rule, has every kernel before
 that. Before its wait a kernel reads only what no kernel launched with PDL writes in the step:
-weights, and the inputs the step writes before its first such kernel (positions, KV locations;
-that kernel launches after they are written, and every later one after it). The GEMV streams its
-first slab of weights there (layers/gemv.py), and the rotary kernel reads its position's cos and
-sin and its KV location (layers/fused.py). The decode attention does not read its keys there: at
-one row that cost Qwen3-0.6B 8 % a step (docs/benchmarks.md, "GPU, fourteenth round"). Right after its wait each kernel lets the next one launch
-(`gdc_launch_dependents`). Kernels launched without PDL (cuBLAS, torch) wait for the whole grid
-before them, as always; FlashInfer's decode kernel takes part on its own (`enable_pdl`), and so
-do the small-batch decode kernels (attention/small_decode.py).
+weights, and the inputs the step writes before its first such kernel (positions, KV locations; that
+kernel launches after they are written, and every later one after it). The GEMV streams its first
+slab of weights there (layers/gemv.py), and the rotary kernel reads its position's cos and sin and
+its KV location (layers/fused.py). The decode attention does not read its keys there: at one row
+that cost Qwen3-0.6B 8 % a step (docs/benchmarks.md, "GPU, fourteenth round"). Right after its wait
+each kernel lets the next one launch (`gdc_launch_dependents`). Kernels launched without PDL
+(cuBLAS, torch) wait for the whole grid before them, as always; FlashInfer's decode kernel takes
+part on its own (`enable_pdl`), and so do the small-batch decode kernels
+(attention/small_decode.py).
 
 `configure` is called by the model runner at start-up (EngineConfig.pdl); each launch passes
 `launch_kwargs()`, and graph captures keep what it said then.

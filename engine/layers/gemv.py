@@ -1,5 +1,5 @@
 """Matrix-vector products for decode steps of a few rows (CUDA only), optionally with the
-element-wise op that produces their input folded in.
+element-wise ops that produce their input, or that take their output, folded in.
 
 At batch 1-4 a linear layer is a pure weight read. On the H200, cuBLAS reads small matrices with
 fewer outputs than inputs (Qwen3-0.6B's o_proj 1024x2048, down_proj 1024x3072) at 0.3-0.8 TB/s
@@ -17,12 +17,16 @@ last: a program's weight stream never waits for a reduction, a store or a new pr
 - any matrix with K >= 2048 at one row (the 8B model's projections and lm_head).
   At 2 rows it only matches cuBLAS there, and at 4 it loses.
 
-A decode step of a small model is a chain of few-microsecond kernels, so the input's producer is
-worth folding in where the product runs here anyway:
-- `gated`: the input is silu(gate) * up of a fused [gate | up] projection (the MLP's down_proj);
+A decode step is a chain of few-microsecond kernels, so the ops next to the product are worth
+folding in where it runs here anyway:
 - `normed`: the input is RMSNorm(x + residual) (the qkv and gate_up projections); every program
-  recomputes the norm of its rows (a few KiB, from L2) and program 0 writes the new residual.
-Both round where the unfused layers round, so results match them to bf16 rounding.
+  computes the norm of its rows (a few KiB, from L2; once for all its blocks where a slab is a
+  whole row) and program 0 writes the new residual;
+- `swiglu`: the output is silu(gate) * up of a fused [gate | up] projection; each block of
+  outputs holds the gate and up rows of the same features, so its store applies it;
+- `gated`: the input is silu(gate) * up (the MLP's down_proj, at 3-4 rows where gate_up is
+  cuBLAS's); every block computes it over all inputs again, so it is kept to small matrices.
+All round where the unfused layers round, so results match them to bf16 rounding.
 """
 
 from __future__ import annotations
