@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -39,6 +42,21 @@ def _exit_with_rank0() -> None:
     while os.read(sys.stdin.fileno(), 4096):  # b"" at EOF: rank 0 closed the pipe or exited
         pass
     os._exit(0)
+
+
+def _leave(code: int) -> NoReturn:
+    """End the process without the interpreter's teardown.
+
+    gloo's worker threads drop a collective's tensors after its caller has moved on, and dropping
+    the last reference to a tensor that Python created takes the GIL. If that happens while the
+    interpreter finalises, Python ends the thread (pthread_exit) inside a C++ destructor, and the
+    process dies of SIGABRT instead of exiting with `code`. This rank has released its group by
+    now; the kernel reclaims the rest (the channel's mapping, sockets), so only stdio is flushed.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _beat(channel: ControlChannel) -> None:
@@ -92,7 +110,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(config, host, int(port))
     except TPGroupError as e:
-        sys.exit(f"radixserve TP worker rank {a.rank}: {e}")
+        print(f"radixserve TP worker rank {a.rank}: {e}", file=sys.stderr)
+        _leave(1)
+    except Exception:  # a bug: its traceback goes to rank 0's stderr, the exit code says failed
+        traceback.print_exc()
+        _leave(1)
+    _leave(0)
 
 
 if __name__ == "__main__":
