@@ -25,6 +25,7 @@ from radixserve.v1 import generate_pb2_grpc as pb_grpc
 class Seen:
     request: pb.GenerateRequest
     metadata: dict[str, str]
+    peer: str  # the client's address and port: one per connection
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -42,6 +43,7 @@ class FakeGenerateService(pb_grpc.GenerateServiceServicer):
     def __init__(self, *, has_chat_template: bool = True, token_delay: float = 0.005) -> None:
         self.seen: list[Seen] = []
         self.aborted: list[str] = []
+        self.abort_peers: list[str] = []
         self.has_chat_template = has_chat_template
         self.token_delay = token_delay
         self._lock = threading.Lock()
@@ -57,7 +59,8 @@ class FakeGenerateService(pb_grpc.GenerateServiceServicer):
     def Generate(
         self, request: pb.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.GenerateResponse]:
-        seen = Seen(request, {k: str(v) for k, v in context.invocation_metadata()})
+        seen = Seen(request, {k: str(v) for k, v in context.invocation_metadata()},
+                    context.peer())
         with self._lock:
             self.seen.append(seen)
             rid = request.request_id or f"fake-{len(self.seen)}"
@@ -136,6 +139,7 @@ class FakeGenerateService(pb_grpc.GenerateServiceServicer):
 
     def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortResponse:
         self.aborted.extend(request.request_ids)
+        self.abort_peers.append(context.peer())
         return pb.AbortResponse(aborted=len(request.request_ids))
 
     def GetModelInfo(

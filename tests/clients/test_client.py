@@ -234,6 +234,27 @@ def test_unary_calls(fake: FakeGenerateService, target: str) -> None:
     assert stats.prefix_cache_hit_rate == 0.25 and stats.page_size == 16
 
 
+def test_connections_take_generate_calls_in_turn_and_abort_asks_each(
+        fake: FakeGenerateService, target: str) -> None:
+    """`serve --gateways K` gives each connection to one gateway, and only that gateway knows
+    the requests of its calls: Generate calls go over the connections in turn, abort over all."""
+    with Client(target) as c:
+        for i in range(3):
+            c.generate_text(f"one {i}", max_new_tokens=1)
+        assert c.abort("x") == 1
+    assert len({s.peer for s in fake.seen}) == 1 and len(set(fake.abort_peers)) == 1
+    with Client(target, connections=3) as c:
+        for i in range(6):
+            assert c.generate_text(f"three {i}", max_new_tokens=2).text == "ec"
+        assert c.abort(["y", "z"]) == 6  # each connection's gateway answers for what it had
+        assert c.tokenize("ab") == [1, 97, 98]
+    peers = [s.peer for s in fake.seen[3:]]
+    assert len(set(peers)) == 3 and peers[:3] == peers[3:]  # three connections, in turn
+    assert set(fake.abort_peers[1:]) == set(peers) and len(fake.abort_peers) == 4
+    with pytest.raises(ValueError, match="connections must be at least 1"):
+        Client(target, connections=0)
+
+
 # --- asyncio ----------------------------------------------------------------------------------
 
 
@@ -294,6 +315,20 @@ def test_async_cancellation_reaches_server(fake: FakeGenerateService, target: st
             assert await asyncio.to_thread(fake.seen[1].cancelled.wait, 5)
 
     asyncio.run(main())
+
+
+def test_async_connections_take_generate_calls_in_turn_and_abort_asks_each(
+        fake: FakeGenerateService, target: str) -> None:
+    async def main() -> None:
+        async with AsyncClient(target, connections=2) as c:
+            for i in range(4):
+                assert (await c.generate_text(f"two {i}", max_new_tokens=1)).text == "e"
+            assert await c.abort("x") == 2
+
+    asyncio.run(main())
+    peers = [s.peer for s in fake.seen]
+    assert len(set(peers)) == 2 and peers[:2] == peers[2:]
+    assert set(fake.abort_peers) == set(peers)
 
 
 def test_async_unary_calls(target: str) -> None:

@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from radixserve.client import Client, Finished, Started
 from radixserve.v1 import generate_pb2 as pb
 from svc_helpers import Stack, collect, health_status, request, wait_idle
 
@@ -324,6 +325,19 @@ def test_two_gateways_share_the_public_port(tmp_path) -> None:
                 routed.append(info.replicas[0].routed_requests)  # counted by that gateway
         # One gateway alone would have counted 1, 2, ..., 16; two split the count between them.
         assert max(routed) < 16, routed
+        # The client's own connections reach both: the gateway behind its first one holds only
+        # some of its 16 streams, and abort() (asked on every connection) ends all of them.
+        with Client(s.target, connections=16) as c:
+            ids = [f"spread-{i}" for i in range(16)]
+            streams = [c.generate(token_ids=[7, i], max_new_tokens=3000, ignore_eos=True,
+                                  request_id=rid) for i, rid in enumerate(ids)]
+            for stream in streams:
+                assert isinstance(next(stream), Started)
+            assert 0 < c.server_info().gateway_live_requests < 16
+            assert c.abort(ids) == 16
+            for stream in streams:
+                last = list(stream)[-1]
+                assert isinstance(last, Finished) and last.finish_reason == "aborted"
     finally:
         s.stop()
     assert not ready_file.exists()  # serve removes it when it stops

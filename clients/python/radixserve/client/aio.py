@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,12 +42,19 @@ class AsyncClient:
         private_key: bytes | None = None,
         certificate_chain: bytes | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        connections: int = 1,
     ) -> None:
+        """connections: open this many TCP connections (`serve --gateways K` gives each to one of
+        its gateways); Generate calls take them in turn, abort() asks each, and the other calls
+        go over the first."""
         self.config = ChannelConfig(
-            target, api_key, tls, root_certificates, private_key, certificate_chain, options
+            target, api_key, tls, root_certificates, private_key, certificate_chain, options,
+            connections,
         )
-        self._channel = self.config.aio_channel()
-        self._stub = pb_grpc.GenerateServiceStub(self._channel)
+        self._channels = self.config.aio_channels()
+        self._stubs = [pb_grpc.GenerateServiceStub(channel) for channel in self._channels]
+        self._stub = self._stubs[0]
+        self._turns = itertools.cycle(self._stubs)  # Generate's connection, in turn
         self._metadata = self.config.metadata()
 
     async def __aenter__(self) -> Self:
@@ -55,7 +64,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        await asyncio.gather(*(channel.close() for channel in self._channels))
 
     def generate(
         self,
@@ -77,7 +86,7 @@ class AsyncClient:
     async def _stream(
         self, request: pb.GenerateRequest, timeout: float | None
     ) -> AsyncGenerator[Event, None]:
-        call = self._stub.Generate(request, timeout=timeout, metadata=self._metadata)
+        call = next(self._turns).Generate(request, timeout=timeout, metadata=self._metadata)
         try:
             async for response in call:
                 ev = wire.event(response)
@@ -129,9 +138,13 @@ class AsyncClient:
         return str((await self._unary(self._stub.Detokenize, req, timeout)).text)
 
     async def abort(self, request_ids: str | Sequence[str], *, timeout: float | None = None) -> int:
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        resp = await self._unary(self._stub.Abort, pb.AbortRequest(request_ids=ids), timeout)
-        return int(resp.aborted)
+        """Abort requests by id; returns how many were still running or queued. With several
+        connections every one is asked: only the gateway that took a call knows its request."""
+        req = pb.AbortRequest(request_ids=[request_ids] if isinstance(request_ids, str)
+                              else list(request_ids))
+        replies = await asyncio.gather(*(self._unary(stub.Abort, req, timeout)
+                                         for stub in self._stubs))
+        return sum(int(r.aborted) for r in replies)
 
     async def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         resp = await self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)

@@ -1,4 +1,4 @@
-"""Connection settings shared by the sync and asyncio clients."""
+"""Connection settings shared by the sync and asyncio clients, and the connections they open."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ class ChannelConfig:
     private_key: bytes | None = None  # PEM, for mutual TLS
     certificate_chain: bytes | None = None  # PEM, for mutual TLS
     options: Sequence[tuple[str, Any]] = ()  # raw grpc channel options
+    # TCP connections to open. A server started with `serve --gateways K` runs K gateway
+    # processes on one port and the kernel gives each connection to one of them, so a client
+    # reaches several gateways only through several connections.
+    connections: int = 1
+
+    def __post_init__(self) -> None:
+        if self.connections < 1:
+            raise ValueError(f"connections must be at least 1, got {self.connections}")
 
     @property
     def secure(self) -> bool:
@@ -38,12 +46,24 @@ class ChannelConfig:
         # channels; a gateway on loopback without TLS may still check a key.
         return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
 
-    def sync_channel(self) -> grpc.Channel:
-        if self.secure:
-            return grpc.secure_channel(self.target, self.credentials(), list(self.options))
-        return grpc.insecure_channel(self.target, list(self.options))
+    def _channel_options(self) -> list[tuple[str, Any]]:
+        if self.connections == 1:
+            return list(self.options)
+        # Channels to one target share their connection unless each keeps its own pool.
+        return [*self.options, ("grpc.use_local_subchannel_pool", 1)]
 
-    def aio_channel(self) -> grpc.aio.Channel:
+    def sync_channels(self) -> list[grpc.Channel]:
+        """`connections` channels, each its own connection."""
+        options = self._channel_options()
         if self.secure:
-            return grpc.aio.secure_channel(self.target, self.credentials(), list(self.options))
-        return grpc.aio.insecure_channel(self.target, list(self.options))
+            return [grpc.secure_channel(self.target, self.credentials(), options)
+                    for _ in range(self.connections)]
+        return [grpc.insecure_channel(self.target, options) for _ in range(self.connections)]
+
+    def aio_channels(self) -> list[grpc.aio.Channel]:
+        """`connections` channels, each its own connection (inside a running event loop)."""
+        options = self._channel_options()
+        if self.secure:
+            return [grpc.aio.secure_channel(self.target, self.credentials(), options)
+                    for _ in range(self.connections)]
+        return [grpc.aio.insecure_channel(self.target, options) for _ in range(self.connections)]

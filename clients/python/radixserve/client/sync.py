@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,12 +41,19 @@ class Client:
         private_key: bytes | None = None,
         certificate_chain: bytes | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        connections: int = 1,
     ) -> None:
+        """connections: open this many TCP connections (`serve --gateways K` gives each to one of
+        its gateways); Generate calls take them in turn, abort() asks each, and the other calls
+        go over the first."""
         self.config = ChannelConfig(
-            target, api_key, tls, root_certificates, private_key, certificate_chain, options
+            target, api_key, tls, root_certificates, private_key, certificate_chain, options,
+            connections,
         )
-        self._channel = self.config.sync_channel()
-        self._stub = pb_grpc.GenerateServiceStub(self._channel)
+        self._channels = self.config.sync_channels()
+        self._stubs = [pb_grpc.GenerateServiceStub(channel) for channel in self._channels]
+        self._stub = self._stubs[0]
+        self._turns = itertools.cycle(self._stubs)  # Generate's connection, in turn
         self._metadata = self.config.metadata()
 
     def __enter__(self) -> Self:
@@ -55,7 +63,8 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
     def generate(
         self,
@@ -78,7 +87,7 @@ class Client:
     def _stream(
         self, request: pb.GenerateRequest, timeout: float | None
     ) -> Generator[Event, None, None]:
-        call = self._stub.Generate(request, timeout=timeout, metadata=self._metadata)
+        call = next(self._turns).Generate(request, timeout=timeout, metadata=self._metadata)
         try:
             for response in call:
                 ev = wire.event(response)
@@ -131,9 +140,11 @@ class Client:
         return str(self._unary(self._stub.Detokenize, req, timeout).text)
 
     def abort(self, request_ids: str | Sequence[str], *, timeout: float | None = None) -> int:
-        """Abort requests by id; returns how many were still running or queued."""
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        return int(self._unary(self._stub.Abort, pb.AbortRequest(request_ids=ids), timeout).aborted)
+        """Abort requests by id; returns how many were still running or queued. With several
+        connections every one is asked: only the gateway that took a call knows its request."""
+        req = pb.AbortRequest(request_ids=[request_ids] if isinstance(request_ids, str)
+                              else list(request_ids))
+        return sum(int(self._unary(stub.Abort, req, timeout).aborted) for stub in self._stubs)
 
     def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         return wire.model_info(
