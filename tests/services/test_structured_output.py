@@ -217,7 +217,8 @@ def test_constrained_request_waits_for_its_grammar_and_others_do_not(demo_path: 
         await until(lambda: len(stack.scheduler_app.compiler) == 1)
         t0 = time.monotonic()
         free = await acollect(stub, request([7], max_new_tokens=2))
-        assert free.code == grpc.StatusCode.OK and time.monotonic() - t0 < 0.4
+        # well under the grammar's 2 s, with room for a loaded 2-core machine
+        assert free.code == grpc.StatusCode.OK and time.monotonic() - t0 < 1.2
         assert not constrained.done()
         res = await constrained
         assert res.code == grpc.StatusCode.OK and len(res.token_ids) == 3
@@ -226,7 +227,7 @@ def test_constrained_request_waits_for_its_grammar_and_others_do_not(demo_path: 
         assert stack.engine.params_seen[rid].regex == "[ab]+"
         await until(lambda: idle(stack))
 
-    run_in_process(demo_path, body, compile_delay_s=0.6)
+    run_in_process(demo_path, body, compile_delay_s=2.0)
 
 
 def test_bad_grammar_is_invalid_argument_and_never_reaches_the_engine(demo_path: str) -> None:
