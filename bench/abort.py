@@ -2,24 +2,28 @@
 
 The abort-latency target (docs/reliability.md, Targets): <= 2 engine steps and <= 100 ms p99 at 256
 running requests. The bench opens --running streams (token-id prompts, ignore_eos, long enough to
-outlast the run), waits until the scheduler runs all of them, then cancels --cancels of them one at
-a time. For each it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
-`radixserve_engine_steps_total`) until the running count drops by one: the time from
-`call.cancel()` to that snapshot, and the engine steps run between. The scheduler publishes the
-snapshot as soon as it has freed aborted requests (before its next step), so the figures are the
-client -> gateway -> scheduler path plus the wait for the step in progress, plus up to one HTTP
-poll (every 2 ms). With --launch, serve gets --max-running-requests and --metrics-port.
+outlast the run) and reads them as a client that shows its tokens would (--unread: not at all),
+waits until the scheduler runs all of them, then cancels --cancels of them one at a time. For each
+it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
+`radixserve_engine_steps_total`) until the running count drops by one: the time from the cancel to
+that snapshot, and the engine steps run between. The scheduler publishes the snapshot as soon as it
+has freed aborted requests (before its next step), so the figures are the client -> gateway ->
+scheduler path plus the wait for the step in progress, plus up to one HTTP poll (every 2 ms). With
+--launch, serve gets --max-running-requests and --metrics-port.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import re
+import threading
 import time
 import urllib.request
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import grpc
 from radixserve.bench.process import (
@@ -32,6 +36,7 @@ from radixserve.bench.process import (
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
+T = TypeVar("T")
 _METRIC = re.compile(r"^(radixserve_running_requests|radixserve_engine_steps_total) (\S+)$",
                      re.MULTILINE)
 
@@ -44,38 +49,92 @@ def scrape(url: str) -> tuple[int, int]:
             int(float(found["radixserve_engine_steps_total"])))
 
 
-def measure(target: str, metrics_url: str, running: int, cancels: int, output_len: int,
-            seed: int = 0, channels: int = 1) -> dict[str, Any]:
-    """`channels` client connections carry the streams in turn (a server with several gateways on
-    one port serves each connection on one of them)."""
-    rng = random.Random(seed)
-    # a local subchannel pool each: channels to one target would otherwise share a connection
-    opened = [grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-              for _ in range(channels)]
-    try:
-        stubs = [pb_grpc.GenerateServiceStub(channel) for channel in opened]
-        vocab = stubs[0].GetModelInfo(pb.GetModelInfoRequest(), timeout=30).vocab_size
+class _Streams:
+    """The bench's streams, held by an asyncio loop on a thread of its own, so that the main
+    thread can poll the metrics and time each cancel. A client that shows its tokens reads every
+    stream to its end (`read`); one that does not leaves them to fill their flow-control windows,
+    and the gateway's writes to them then wait (a slow consumer)."""
+
+    def __init__(self, target: str, channels: int, running: int, output_len: int, seed: int,
+                 read: bool) -> None:
+        self.failures: list[str] = []  # statuses other than the cancels this bench makes
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="bench-streams")
+        self._thread.start()
+        self._channels: list[grpc.aio.Channel] = []
+        self._readers: list[asyncio.Future[None]] = []
+        self.calls = self._run(self._open(target, channels, running, output_len, seed, read))
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def _open(self, target: str, channels: int, running: int, output_len: int, seed: int,
+                    read: bool) -> list[Any]:
+        rng = random.Random(seed)
+        # a local subchannel pool each: channels to one target would otherwise share a connection
+        self._channels = [grpc.aio.insecure_channel(
+            target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(channels)]
+        stubs = [pb_grpc.GenerateServiceStub(channel) for channel in self._channels]
+        vocab = (await stubs[0].GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
         calls = []
         for i in range(running):
-            stub = stubs[i % channels]
             req = pb.GenerateRequest(token_ids=pb.TokenIds(
                 ids=[rng.randrange(1, min(vocab, 10000)) for _ in range(8)]))
             req.stopping.max_new_tokens = output_len
             req.stopping.ignore_eos = True
-            calls.append(stub.Generate(req, timeout=600))  # never read: only cancelled
+            calls.append(stubs[i % channels].Generate(req, timeout=600))
+        if read:
+            self._readers = [asyncio.ensure_future(self._read(call)) for call in calls]
+        return calls
+
+    async def _read(self, call: Any) -> None:
+        try:
+            async for _ in call:
+                pass
+        except asyncio.CancelledError:  # this bench's own cancel
+            return
+        except grpc.aio.AioRpcError as e:
+            self.failures.append(f"{e.code().name}: {e.details()}")
+
+    def cancel(self, call: Any) -> None:
+        self.loop.call_soon_threadsafe(call.cancel)  # aio calls belong to their loop
+
+    def close(self) -> None:
+        async def _close() -> None:
+            for call in self.calls:
+                call.cancel()
+            await asyncio.gather(*self._readers)
+            await asyncio.gather(*(channel.close() for channel in self._channels))
+
+        try:
+            self._run(_close())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+            self.loop.close()
+
+
+def measure(target: str, metrics_url: str, running: int, cancels: int, output_len: int,
+            seed: int = 0, channels: int = 1, read: bool = True) -> dict[str, Any]:
+    """`channels` client connections carry the streams in turn (a server with several gateways on
+    one port serves each connection on one of them); `read`: whether the client reads them."""
+    streams = _Streams(target, channels, running, output_len, seed, read)
+    try:
         deadline = time.monotonic() + 300
         while scrape(metrics_url)[0] < running:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the scheduler never ran {running} requests at once")
+            if time.monotonic() > deadline or streams.failures:
+                raise SystemExit(f"the scheduler never ran {running} requests at once "
+                                 f"({streams.failures[:3] or 'no stream failed'})")
             time.sleep(0.05)
         ms, steps = [], []
-        rng.shuffle(calls)
+        doomed = random.Random(seed).sample(streams.calls, cancels)
         began, first_step = time.monotonic(), scrape(metrics_url)[1]
-        for call in calls[:cancels]:
+        for call in doomed:
             before, _ = scrape(metrics_url)
             t0 = time.monotonic()
             _, step0 = scrape(metrics_url)
-            call.cancel()
+            streams.cancel(call)
             while True:
                 now_running, step = scrape(metrics_url)
                 if now_running < before:
@@ -86,13 +145,12 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
             if now_running != before - 1:  # another request ended on its own: not measurable
                 raise SystemExit("a request finished during the run; raise --output-len")
         step_ms = (time.monotonic() - began) * 1000 / max(1, scrape(metrics_url)[1] - first_step)
-        for call in calls[cancels:]:
-            call.cancel()
     finally:
-        for channel in opened:
-            channel.close()
-    return {"running": running, "channels": channels, "cancels": cancels, "ms": percentiles(ms),
-            "step_ms": step_ms,
+        streams.close()
+    if streams.failures:
+        raise SystemExit(f"{len(streams.failures)} streams failed: {streams.failures[:3]}")
+    return {"running": running, "channels": channels, "read": read, "cancels": cancels,
+            "ms": percentiles(ms), "step_ms": step_ms,
             "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)}}
 
 
@@ -110,8 +168,9 @@ def _p99(values: list[int]) -> int:
 
 def format_table(r: dict[str, Any]) -> str:
     return "\n".join([
-        (f"{r['cancels']} cancels, one at a time, at {r['running']} running requests "
-        f"(engine step: {r['step_ms']:.1f} ms on average during the run)"),
+        (f"{r['cancels']} cancels, one at a time, at {r['running']} running requests, their "
+        f"streams {'read' if r['read'] else 'unread'} (engine step: {r['step_ms']:.1f} ms on "
+        "average during the run)"),
         "",
         "| cancel -> freed | p50 | p99 | max | target |", "|---|---|---|---|---|",
         f"| ms | {r['ms']['p50']:.1f} | {r['ms']['p99']:.1f} | | <= 100 p99 |",
@@ -132,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--channels", type=int, default=1,
                    help="client connections the streams are spread over (serve --gateways K "
                         "serves each connection on one of its gateways)")
+    p.add_argument("--unread", action="store_true",
+                   help="leave the streams unread, as a client that stopped reading (the "
+                        "gateway's writes then wait on full flow-control windows)")
     p.add_argument("--json", dest="json_path", help="write the result here")
     args, extra = parse_stack_args(p, argv)
     if not args.launch and not args.metrics:
@@ -148,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         url = f"http://127.0.0.1:{port + gateways}/metrics"
     with stack(args, serve_flags) as (target, _):
         result = measure(target, url, args.running, args.cancels, args.output_len,
-                         channels=args.channels)
+                         channels=args.channels, read=not args.unread)
     print(format_table(result))
     if args.json_path:
         with open(args.json_path, "w") as f:
