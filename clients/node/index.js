@@ -122,12 +122,23 @@ function toEvent(resp) {
 }
 
 class GenerateClient {
-  constructor(target = DEFAULT_TARGET, { apiKey, tls = false, rootCerts } = {}) {
+  // connections: TCP connections to open. `serve --gateways K` gives each connection to one of
+  // its K gateways, so a client reaches several only through several: generate() takes them in
+  // turn, abort() asks every one (only the gateway that took a call knows its request), and the
+  // other calls use the first.
+  constructor(target = DEFAULT_TARGET, { apiKey, tls = false, rootCerts, connections = 1 } = {}) {
+    if (!Number.isInteger(connections) || connections < 1) {
+      throw new RangeError(`connections must be an integer of at least 1, got ${connections}`);
+    }
     const creds = tls || rootCerts
       ? grpc.credentials.createSsl(rootCerts || null)
       : grpc.credentials.createInsecure();
+    // Clients of one target share their connection unless each keeps its own subchannel pool.
+    const options = connections > 1 ? { 'grpc.use_local_subchannel_pool': 1 } : {};
     this.target = target;
-    this.stub = new v1.GenerateService(target, creds);
+    this.stubs = Array.from({ length: connections }, () => new v1.GenerateService(target, creds, options));
+    this.stub = this.stubs[0];
+    this.turn = 0;
     this.apiKey = apiKey;
   }
 
@@ -144,7 +155,8 @@ class GenerateClient {
   // Streams events: { type: 'started' | 'delta' | 'finished', ... }. Leaving the loop early,
   // or aborting `signal`, cancels the RPC so the server frees the request.
   async *generate(prompt, opts = {}) {
-    const call = this.stub.Generate(buildRequest(prompt, opts), this.metadata(), this.callOptions(opts.timeout));
+    const stub = this.stubs[this.turn++ % this.stubs.length];
+    const call = stub.Generate(buildRequest(prompt, opts), this.metadata(), this.callOptions(opts.timeout));
     const cancel = () => call.cancel();
     if (opts.signal) opts.signal.addEventListener('abort', cancel, { once: true });
     try {
@@ -181,9 +193,9 @@ class GenerateClient {
     return { ...out, finishReason, matchedStop, usage, timings };
   }
 
-  unary(method, request, timeoutSeconds) {
+  unary(method, request, timeoutSeconds, stub = this.stub) {
     return new Promise((resolve, reject) => {
-      this.stub[method](request, this.metadata(), this.callOptions(timeoutSeconds), (err, resp) =>
+      stub[method](request, this.metadata(), this.callOptions(timeoutSeconds), (err, resp) =>
         err ? reject(RadixServeError.from(err)) : resolve(resp));
     });
   }
@@ -198,7 +210,9 @@ class GenerateClient {
 
   async abort(requestIds, { timeout } = {}) {
     const ids = Array.isArray(requestIds) ? requestIds : [requestIds];
-    return (await this.unary('Abort', { request_ids: ids }, timeout)).aborted;
+    const replies = await Promise.all(
+      this.stubs.map((stub) => this.unary('Abort', { request_ids: ids }, timeout, stub)));
+    return replies.reduce((sum, r) => sum + Number(r.aborted), 0);
   }
 
   modelInfo({ timeout } = {}) {
@@ -210,7 +224,7 @@ class GenerateClient {
   }
 
   close() {
-    this.stub.close();
+    for (const stub of this.stubs) stub.close();
   }
 }
 

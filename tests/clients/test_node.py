@@ -197,3 +197,31 @@ def test_cli_constraint_reaches_the_wire(fake: FakeGenerateService, target: str)
     res = cli("--target", target, "--regex", "[0-9]{2}", "hello")
     assert res.returncode == 0, res.stderr
     assert fake.seen[0].request.sampling.regex == "[0-9]{2}"
+
+
+CONNECTIONS_SCRIPT = """
+const { GenerateClient } = require(process.argv[1]);
+(async () => {
+  const c = new GenerateClient(process.argv[2], { connections: 3 });
+  for (let i = 0; i < 6; i++) await c.generateText(`three ${i}`, { maxNewTokens: 1 });
+  const aborted = await c.abort(['y', 'z']);
+  c.close();
+  let refused = null;
+  try { new GenerateClient(process.argv[2], { connections: 0 }); }
+  catch (err) { refused = err.name; }
+  console.log(JSON.stringify({ aborted, refused }));
+})().catch((err) => { console.error(err); process.exit(1); });
+"""
+
+
+def test_library_connections(fake: FakeGenerateService, target: str) -> None:
+    """As the Python client's `connections`: generate() takes the connections in turn, abort()
+    asks each (a server with several gateways gives each connection to one of them)."""
+    done = subprocess.run([str(NODE), "-e", CONNECTIONS_SCRIPT, str(NODE_DIR / "index.js"), target],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out == {"aborted": 6, "refused": "RangeError"}
+    peers = [s.peer for s in fake.seen]
+    assert len(set(peers)) == 3 and peers[:3] == peers[3:]
+    assert set(fake.abort_peers) == set(peers)
