@@ -64,7 +64,12 @@ class _Streams:
         self._thread.start()
         self._channels: list[grpc.aio.Channel] = []
         self._readers: list[asyncio.Future[None]] = []
-        self.calls = self._run(self._open(target, channels, running, output_len, seed, read))
+        self.calls: list[Any] = []
+        try:
+            self.calls = self._run(self._open(target, channels, running, output_len, seed, read))
+        except BaseException:
+            self.close()  # the loop's thread and what was opened before the failure
+            raise
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
