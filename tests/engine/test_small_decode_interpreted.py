@@ -1,7 +1,8 @@
 """The small-batch decode kernels (engine/attention/small_decode.py) run by Triton's interpreter
 on a CPU, against softmax attention in float64: rows that fit one program and rows split over
-several (merged), rows of one key, a tile boundary and past it, pages in shuffled order, and
-padded rows. On a GPU, tests/engine/test_backends_gpu.py runs them in CUDA graphs."""
+several (merged), rows of one key, a tile boundary and past it, pages in shuffled order, padded
+rows, and a group of query heads that is not a power of two. On a GPU,
+tests/engine/test_backends_gpu.py runs them in CUDA graphs."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import torch
 from radixserve.engine.attention.small_decode import BLOCK_N, SmallBatchDecode, splits_for
 
 torch.manual_seed(0)
-NH, NKV, HD, P, PAGES = 8, 2, 64, 16, 300
-k_pages = torch.randn(PAGES, P, NKV, HD)
-v_pages = torch.randn(PAGES, P, NKV, HD)
-for lens in ([1], [BLOCK_N, BLOCK_N + 1], [5, 300, 2 * BLOCK_N, 1000]):
+HD, P, PAGES = 64, 16, 300
+# (query heads, KV heads, lengths): groups of 4, and of 3 (not a power of two)
+for NH, NKV, lens in ((8, 2, [1]), (8, 2, [BLOCK_N, BLOCK_N + 1]),
+                      (8, 2, [5, 300, 2 * BLOCK_N, 1000]), (6, 2, [5, 1000])):
+    k_pages = torch.randn(PAGES, P, NKV, HD)
+    v_pages = torch.randn(PAGES, P, NKV, HD)
     B = len(lens)
     width = 1024
     table = torch.zeros(B + 2, width, dtype=torch.int64)
