@@ -18,6 +18,7 @@
 #                                        serving, serving-8b, fa,
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl
+#   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV, carrying .ab): MODULE under this tree and
 #   under REV's, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
 #   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
@@ -177,11 +178,13 @@ ab() {
   done
 }
 
+GPU_TESTS=(tests/engine/test_fused_gpu.py tests/engine/test_backends_gpu.py tests/engine/test_engine_gpu.py
+           tests/engine/test_flashinfer_direct_gpu.py tests/engine/test_sampling.py)
 for s in "$@"; do
   case $s in
-    tests) stage tests 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
-             tests/engine/test_fused_gpu.py tests/engine/test_backends_gpu.py tests/engine/test_engine_gpu.py \
-             tests/engine/test_flashinfer_direct_gpu.py tests/engine/test_sampling.py ;;
+    tests) stage tests 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE "${GPU_TESTS[@]}" ;;
+    tests:*) stage "$s" 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
+               -k "${s#tests:}" "${GPU_TESTS[@]}" ;;  # e.g. "tests:small or swiglu"
     cache) if [ ! -d .ficache ]; then  # return the JIT cache only if it fits what comes back (60 MB)
              tar czf /tmp/fi.tgz -C "$HOME" .cache/flashinfer; ls -la /tmp/fi.tgz | tee -a "$LOG"
              [ "$(stat -c %s /tmp/fi.tgz)" -le 62914560 ] && split -b 15M /tmp/fi.tgz "$OUT/fi.tgz.part"
