@@ -50,8 +50,9 @@ def _leave(code: int) -> NoReturn:
     gloo's worker threads drop a collective's tensors after its caller has moved on, and dropping
     the last reference to a tensor that Python created takes the GIL. If that happens while the
     interpreter finalises, Python ends the thread (pthread_exit) inside a C++ destructor, and the
-    process dies of SIGABRT instead of exiting with `code`. This rank has released its group by
-    now; the kernel reclaims the rest (the channel's mapping, sockets), so only stdio is flushed.
+    process dies of SIGABRT instead of exiting with `code`. After a shutdown plan this rank has
+    left its group already; either way the kernel reclaims what is left (sockets, the channel's
+    mapping), so only stdio is flushed.
     """
     logging.shutdown()
     sys.stdout.flush()
