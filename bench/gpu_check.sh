@@ -19,8 +19,8 @@
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
-#   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV, carrying .ab): MODULE under this tree and
-#   under REV's, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
+#   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
+#   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
 #   serving with two gateways (docs/benchmarks.md, "GPU, sixth round"):
 #   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
 #   and with tokens sent two at a time: SERVING_FLAGS="--stream-interval 2" bash bench/gpu_check.sh serving
@@ -58,7 +58,11 @@ shim() {  # shim DIR TREE: DIR/radixserve/* links onto TREE's folders
   done
 }
 shim /tmp/shim "$PWD"
-[ -d .ab/base ] && shim /tmp/shim-base "$PWD/.ab/base"  # bench/ab_base.sh REV: the tree to compare
+AB_TREES=()  # bench/ab_base.sh REV [NAME]: the trees to compare with this one, .ab/NAME each
+for t in .ab/*/; do
+  [ -f "$t/REV" ] || continue
+  t=$(basename "$t"); AB_TREES+=("$t"); shim "/tmp/shim-ab/$t" "$PWD/.ab/$t"
+done
 export PYTHONPATH=/tmp/shim:/tmp/site
 if [ -f .fa/fa_pkg.tgz ]; then  # a flash-attn build: fa_pkg/flash_attn and flash_attn_2_cuda*.so
   tar xzf .fa/fa_pkg.tgz -C /tmp && export PYTHONPATH=/tmp/fa_pkg:$PYTHONPATH
@@ -164,17 +168,19 @@ overload() {  # overload "SERVE FLAGS": 3x the saturating rate through the servi
     -- --device cuda $1
 }
 
-# ab:SPEC (SPEC as after "bench:" or "py:" below): the module under this tree, then under the one
-# bench/ab_base.sh put in .ab/base, AB_ROUNDS times (default 2), in turn on this machine: hosts differ
+# ab:SPEC (SPEC as after "bench:" or "py:" below): the module under this tree, then under each tree
+# bench/ab_base.sh put in .ab/, AB_ROUNDS times (default 2), in turn on this machine: hosts differ
 # by more than most changes, so a before/after pair is only read from one call.
 ab() {
-  local spec=$1 i mod
-  [ -d /tmp/shim-base ] || { echo "ab: no .ab/base (bash bench/ab_base.sh REV, then carry .ab)" | tee -a "$LOG"; return; }
+  local spec=$1 i mod t
+  [ ${#AB_TREES[@]} -gt 0 ] || { echo "ab: no tree in .ab/ (bash bench/ab_base.sh REV, then carry .ab)" | tee -a "$LOG"; return; }
   case $spec in bench:*) mod=radixserve.bench.${spec#bench:} ;; py:*) mod=${spec#py:} ;; *) mod=$spec ;; esac
   for i in $(seq "${AB_ROUNDS:-2}"); do
     stage "ab $spec [this tree, $i]" 300 python3 -m ${mod//:/ }
-    stage "ab $spec [base $(cat .ab/base/REV 2>/dev/null | cut -c1-8), $i]" 300 \
-      env PYTHONPATH=/tmp/shim-base:/tmp/site python3 -m ${mod//:/ }
+    for t in "${AB_TREES[@]}"; do
+      stage "ab $spec [$t $(cut -c1-8 ".ab/$t/REV"), $i]" 300 \
+        env PYTHONPATH="/tmp/shim-ab/$t:/tmp/site" python3 -m ${mod//:/ }
+    done
   done
 }
 
