@@ -16,7 +16,7 @@ its KV location (layers/fused.py). The decode attention does not read its keys t
 that cost Qwen3-0.6B 8 % a step (docs/benchmarks.md, "GPU, fourteenth round"). Right after its wait
 each kernel lets the next one launch (`gdc_launch_dependents`). Kernels launched without PDL
 (cuBLAS, torch) wait for the whole grid before them, as always; FlashInfer's decode kernel takes
-part on its own (`enable_pdl`), and so do the small-batch decode kernels
+part on its own (`enable_pdl`), and so does the small-batch decode kernel
 (attention/small_decode.py).
 
 `configure` is called by the model runner at start-up (EngineConfig.pdl); each launch passes

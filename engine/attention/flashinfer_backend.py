@@ -13,8 +13,8 @@ wrapper, that this FlashInfer matches what that module mirrors; otherwise, or wi
 they go through the wrapper's plan and run. Which one is logged once. Eager decode steps and the
 decode rows of mixed steps are planned by the wrapper and run through `DecodeCall` (the kernel
 call, bound once per plan) where it fits this FlashInfer, else through the wrapper's run.
-Decode graphs of up to `small_decode_rows` rows run small_decode.py's kernels instead, which read
-the page table in the graph and need no plan.
+Decode graphs of up to `small_decode_rows` rows run small_decode.py's kernel instead, which reads
+the page table in the graph and needs no plan.
 """
 
 from __future__ import annotations

@@ -7,11 +7,13 @@ every replay. Here a row's keys are cut into tiles of BLOCK_N tokens and the til
 up to `splits` programs per KV head, decided on the device from the row's length, so a graph reads
 only what the step already holds: each row's slot and length, and the page table. A row whose
 tiles fit one program writes its output directly; otherwise each program writes its part with
-its log-sum-exp and the merge kernel combines them (it does nothing for single-program rows).
+its log-sum-exp, and the last of them to finish (an atomic count per row and KV head) combines
+the parts of its group's heads. One kernel a layer: a second one to merge would cost a launch
+and its wait in every layer of a step that is a chain of short kernels.
 
 Shapes: q (B, nh, hd); the KV pool's pages (num_pages, P, nkv, hd), read as (num_pages * P, nkv,
 hd) at the token locations `page_table[slot, :seq_len]` (int64, one per position); out (B, nh, hd).
-Both kernels take part in programmatic dependent launch (engine/pdl.py).
+The kernel takes part in programmatic dependent launch (engine/pdl.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ except ImportError:
 BLOCK_N = 64  # keys per tile: one program's smallest share of a row
 TARGET_PROGRAMS = 512  # about four per SM of an H200: enough KV reads in flight at a few rows
 MAX_SPLITS = 64
+MERGE_CHUNK = 8  # parts the merging program reads at a time, per head
 
 if triton is not None:
     from radixserve.engine.pdl import wait_for_step_data
@@ -45,11 +48,48 @@ if triton is not None:
         return slot, seq, per, tl.cdiv(tiles, per)
 
     @triton.jit
-    def _partial_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, out_ptr, po_ptr, plse_ptr,
-                        sm_scale, max_rows, table_stride, q_stride_b, q_stride_h, kv_stride_t,
-                        kv_stride_h, o_stride_b, o_stride_h, NH: tl.constexpr,
-                        GROUP: tl.constexpr, GROUP_P: tl.constexpr, HD: tl.constexpr,
-                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
+    def _merge_group(out_ptr, po_ptr, plse_ptr, b, kvh, used, o_stride_b, o_stride_h,
+                     NH: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
+                     SPLITS: tl.constexpr, CHUNK: tl.constexpr):
+        """Combine the `used` parts of each head of KV head kvh's group into row b's output, all
+        heads at once and CHUNK parts at a time: a tile of (heads x CHUNK, HD), so the merge adds
+        no more registers than the key loop holds. The parts were written by other programs:
+        read through L2 (.cg), never a stale L1."""
+        GROUP2: tl.constexpr = triton.next_power_of_2(GROUP)
+        r = tl.arange(0, GROUP2 * CHUNK)  # tile row: head r // CHUNK, part s0 + r % CHUNK
+        gh, c = r // CHUNK, r % CHUNK
+        d = tl.arange(0, HD)
+        base = (b * NH + kvh * GROUP + gh) * SPLITS  # (GROUP2 * CHUNK,)
+        m = tl.full([GROUP2], float("-inf"), tl.float32)
+        den = tl.zeros([GROUP2], tl.float32)
+        acc = tl.zeros([GROUP2, HD], tl.float32)
+        for s0 in range(0, used, CHUNK):
+            some = (s0 + c < used) & (gh < GROUP)
+            lse = tl.load(plse_ptr + base + s0 + c, mask=some, other=float("-inf"),
+                          cache_modifier=".cg")
+            o = tl.load(po_ptr + (base + s0 + c)[:, None] * HD + d[None, :],
+                        mask=some[:, None], other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(tl.reshape(lse, [GROUP2, CHUNK]), 1))
+            w = tl.where(some, tl.exp(lse - tl.reshape(tl.broadcast_to(
+                m_new[:, None], [GROUP2, CHUNK]), [GROUP2 * CHUNK])), 0.0)
+            scale = tl.where(m > float("-inf"), tl.exp(m - m_new), 0.0)
+            acc = acc * scale[:, None] + tl.sum(
+                tl.reshape(w[:, None] * o, [GROUP2, CHUNK, HD]), 1)
+            den = den * scale + tl.sum(tl.reshape(w, [GROUP2, CHUNK]), 1)
+            m = m_new
+        g = tl.arange(0, GROUP2)
+        h = kvh * GROUP + g
+        res = acc / tl.maximum(den, 1e-30)[:, None]
+        tl.store(out_ptr + b * o_stride_b + h[:, None] * o_stride_h + d[None, :],
+                 res.to(out_ptr.dtype.element_ty), mask=(g < GROUP)[:, None])
+
+    @triton.jit
+    def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, out_ptr, po_ptr, plse_ptr,
+                       arrivals_ptr, sm_scale, max_rows, table_stride, q_stride_b, q_stride_h,
+                       kv_stride_t, kv_stride_h, o_stride_b, o_stride_h, NH: tl.constexpr,
+                       NKV: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+                       HD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                       PDL: tl.constexpr):
         b, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         wait_for_step_data(PDL)
         slot, seq, per, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N)
@@ -78,33 +118,23 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             denom = denom * alpha + tl.sum(p, 1)
             m = m_new
-        row_heads = g < tl.where(s < used, GROUP, 0)  # none for a program past `used`
         o = acc / denom[:, None]
-        if used == 1:  # the whole row in this program
+        if used == 1:  # the whole row in program 0; the others have no keys
             tl.store(out_ptr + b * o_stride_b + heads[:, None] * o_stride_h + d[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=row_heads[:, None])
-        else:
+                     o.to(out_ptr.dtype.element_ty), mask=(g < tl.where(s == 0, GROUP, 0))[:, None])
+        elif s < used:
             part = (b * NH + heads) * SPLITS + s  # (GROUP_P,)
-            tl.store(po_ptr + part[:, None] * HD + d[None, :], o, mask=row_heads[:, None])
-            tl.store(plse_ptr + part, m + tl.log(denom), mask=row_heads)
-
-    @triton.jit
-    def _merge_kernel(rows_ptr, out_ptr, po_ptr, plse_ptr, max_rows, o_stride_b, o_stride_h,
-                      NH: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
-                      SPLITS: tl.constexpr, PDL: tl.constexpr):
-        b, h = tl.program_id(0), tl.program_id(1)
-        wait_for_step_data(PDL)
-        _, _, _, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N)
-        sp = tl.arange(0, SPLITS)
-        some = sp < tl.where(used > 1, used, 0)  # a row in one program was written whole
-        base = (b * NH + h) * SPLITS + sp
-        lse = tl.load(plse_ptr + base, mask=some, other=float("-inf"))
-        w = tl.where(some, tl.exp(lse - tl.max(lse, 0)), 0.0)
-        d = tl.arange(0, HD)
-        o = tl.load(po_ptr + base[:, None] * HD + d[None, :], mask=some[:, None], other=0.0)
-        res = tl.sum(w[:, None] * o, 0) / tl.maximum(tl.sum(w, 0), 1e-30)
-        tl.store(out_ptr + b * o_stride_b + h * o_stride_h + d, res.to(out_ptr.dtype.element_ty),
-                 mask=d < tl.where(used > 1, HD, 0))
+            tl.store(po_ptr + part[:, None] * HD + d[None, :], o, mask=(g < GROUP)[:, None])
+            tl.store(plse_ptr + part, m + tl.log(denom), mask=g < GROUP)
+            # Every thread's stores precede the one thread's release (the barrier), and the
+            # program that arrives last sees every part (its acquire): it merges them and resets
+            # the count for the next layer, which starts after this kernel has completed.
+            tl.debug_barrier()
+            arrival = tl.atomic_add(arrivals_ptr + b * NKV + kvh, 1, sem="acq_rel", scope="gpu")
+            if arrival == used - 1:
+                tl.store(arrivals_ptr + b * NKV + kvh, 0)
+                _merge_group(out_ptr, po_ptr, plse_ptr, b, kvh, used, o_stride_b, o_stride_h,
+                             NH=NH, GROUP=GROUP, HD=HD, SPLITS=SPLITS, CHUNK=MERGE_CHUNK)
 
 
 def splits_for(batch: int, num_kv_heads: int, programs: int = TARGET_PROGRAMS) -> int:
@@ -114,8 +144,8 @@ def splits_for(batch: int, num_kv_heads: int, programs: int = TARGET_PROGRAMS) -
 
 
 class SmallBatchDecode:
-    """The kernels' static state for decode graphs of up to `max_rows` rows: each row's slot and
-    length (rewritten by `plan` before a replay) and the parts' scratch."""
+    """The kernel's static state for decode graphs of up to `max_rows` rows: each row's slot and
+    length (rewritten by `plan` before a replay), the parts' scratch and their arrival counts."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float,
                  max_rows: int, page_table: torch.Tensor, block_n: int = BLOCK_N,
@@ -133,6 +163,9 @@ class SmallBatchDecode:
                                 for b in range(1, max_rows + 1))
         self._parts_o = torch.empty(parts, head_dim, dtype=torch.float32, device=dev)
         self._parts_lse = torch.empty(parts, dtype=torch.float32, device=dev)
+        # per (row, KV head): how many of its programs have written their parts; the last one
+        # merges and puts it back to 0
+        self._arrivals = torch.zeros(max_rows * num_kv_heads, dtype=torch.int32, device=dev)
 
     @staticmethod
     def usable(device: torch.device, head_dim: int) -> bool:
@@ -153,21 +186,17 @@ class SmallBatchDecode:
         splits = splits_for(batch_size, nkv, self.programs)
         group, block_n, warps = nh // nkv, self.block_n, self.warps
         table = self.page_table
-        partial_grid, merge_grid = (batch_size, nkv, splits), (batch_size, nh)
+        grid = (batch_size, nkv, splits)
 
         def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
             # k, v: (num_pages, P, nkv, hd), token-major within a page and pages back to back
             # (runs when a graph is captured, not when it replays)
             assert k.stride(0) == k.size(1) * k.stride(1) and v.stride() == k.stride()
-            _partial_kernel[partial_grid](
-                q, k, v, table, self.rows, out, self._parts_o, self._parts_lse, self.sm_scale,
-                self.max_rows, table.stride(0), q.stride(0), q.stride(1), k.stride(1),
-                k.stride(2), out.stride(0), out.stride(1), NH=nh, GROUP=group,
-                GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd, BLOCK_N=block_n,
-                SPLITS=splits, num_warps=warps, **pdl.launch_kwargs())
-            _merge_kernel[merge_grid](
-                self.rows, out, self._parts_o, self._parts_lse, self.max_rows, out.stride(0),
-                out.stride(1), NH=nh, HD=hd, BLOCK_N=block_n, SPLITS=splits, num_warps=4,
-                **pdl.launch_kwargs())
+            _decode_kernel[grid](
+                q, k, v, table, self.rows, out, self._parts_o, self._parts_lse, self._arrivals,
+                self.sm_scale, self.max_rows, table.stride(0), q.stride(0), q.stride(1),
+                k.stride(1), k.stride(2), out.stride(0), out.stride(1), NH=nh, NKV=nkv,
+                GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd,
+                BLOCK_N=block_n, SPLITS=splits, num_warps=warps, **pdl.launch_kwargs())
 
         return call

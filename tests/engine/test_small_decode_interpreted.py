@@ -1,8 +1,9 @@
 """The small-batch decode kernels (engine/attention/small_decode.py) run by Triton's interpreter
 on a CPU, against softmax attention in float64: rows that fit one program and rows split over
-several (merged), rows of one key, a tile boundary and past it, pages in shuffled order, padded
-rows, and a group of query heads that is not a power of two. On a GPU,
-tests/engine/test_backends_gpu.py runs them in CUDA graphs."""
+several (merged by the last of their programs, which leaves the count at 0 for the next call), rows
+of one key, a tile boundary and past it, pages in shuffled order, padded rows, and a group of
+query heads that is not a power of two. On a GPU, tests/engine/test_backends_gpu.py runs them
+in CUDA graphs."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ for NH, NKV, lens in ((8, 2, [1]), (8, 2, [BLOCK_N, BLOCK_N + 1]),
     q = torch.randn(B + 2, NH, HD)
     out = torch.full((B + 2, NH, HD), float("nan"))
     small.bind(B + 2)(q, k_pages, v_pages, out)
+    # the arrival counts are back at 0, so the next layer (here: the same call) merges again
+    assert not small._arrivals.any()
+    again = torch.full_like(out, float("nan"))
+    small.bind(B + 2)(q, k_pages, v_pages, again)
+    assert torch.equal(again[:B], out[:B])
     kf, vf = k_pages.reshape(-1, NKV, HD).double(), v_pages.reshape(-1, NKV, HD).double()
     for i, (slot, n) in enumerate(zip(slots, lens)):
         loc = table[slot, :n]
