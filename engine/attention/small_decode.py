@@ -89,7 +89,7 @@ if triton is not None:
                        kv_stride_t, kv_stride_h, o_stride_b, o_stride_h, NH: tl.constexpr,
                        NKV: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
                        HD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                       PDL: tl.constexpr):
+                       CHUNK: tl.constexpr, PDL: tl.constexpr):
         b, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         wait_for_step_data(PDL)
         slot, seq, per, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N)
@@ -134,7 +134,7 @@ if triton is not None:
             if arrival == used - 1:
                 tl.store(arrivals_ptr + b * NKV + kvh, 0)
                 _merge_group(out_ptr, po_ptr, plse_ptr, b, kvh, used, o_stride_b, o_stride_h,
-                             NH=NH, GROUP=GROUP, HD=HD, SPLITS=SPLITS, CHUNK=MERGE_CHUNK)
+                             NH=NH, GROUP=GROUP, HD=HD, SPLITS=SPLITS, CHUNK=CHUNK)
 
 
 def splits_for(batch: int, num_kv_heads: int, programs: int = TARGET_PROGRAMS) -> int:
@@ -197,6 +197,7 @@ class SmallBatchDecode:
                 self.sm_scale, self.max_rows, table.stride(0), q.stride(0), q.stride(1),
                 k.stride(1), k.stride(2), out.stride(0), out.stride(1), NH=nh, NKV=nkv,
                 GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd,
-                BLOCK_N=block_n, SPLITS=splits, num_warps=warps, **pdl.launch_kwargs())
+                BLOCK_N=block_n, SPLITS=splits, CHUNK=MERGE_CHUNK, num_warps=warps,
+                **pdl.launch_kwargs())
 
         return call
