@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from radixserve.v1 import generate_pb2 as pb
-from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
 from . import wire
-from .channel import DEFAULT_TARGET, ChannelConfig
+from .channel import DEFAULT_TARGET, ChannelConfig, Connections
 from .types import Event, GenerationResult, Message, ModelInfo, RadixServeError, ServerInfo
 
 if TYPE_CHECKING:
@@ -51,10 +49,7 @@ class AsyncClient:
             target, api_key, tls, root_certificates, private_key, certificate_chain, options,
             connections,
         )
-        self._channels = self.config.aio_channels()
-        self._stubs = [pb_grpc.GenerateServiceStub(channel) for channel in self._channels]
-        self._stub = self._stubs[0]
-        self._turns = itertools.cycle(self._stubs)  # Generate's connection, in turn
+        self._conns = Connections(self.config.aio_channels())
         self._metadata = self.config.metadata()
 
     async def __aenter__(self) -> Self:
@@ -64,7 +59,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        await asyncio.gather(*(channel.close() for channel in self._channels))
+        await asyncio.gather(*(channel.close() for channel in self._conns.channels))
 
     def generate(
         self,
@@ -86,7 +81,7 @@ class AsyncClient:
     async def _stream(
         self, request: pb.GenerateRequest, timeout: float | None
     ) -> AsyncGenerator[Event, None]:
-        call = next(self._turns).Generate(request, timeout=timeout, metadata=self._metadata)
+        call = self._conns.next().Generate(request, timeout=timeout, metadata=self._metadata)
         try:
             async for response in call:
                 ev = wire.event(response)
@@ -125,7 +120,7 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> list[int]:
         req = wire.tokenize_request(text, messages, add_special_tokens, add_generation_prompt)
-        return list((await self._unary(self._stub.Tokenize, req, timeout)).token_ids)
+        return list((await self._unary(self._conns.first.Tokenize, req, timeout)).token_ids)
 
     async def detokenize(
         self,
@@ -135,7 +130,7 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> str:
         req = pb.DetokenizeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens)
-        return str((await self._unary(self._stub.Detokenize, req, timeout)).text)
+        return str((await self._unary(self._conns.first.Detokenize, req, timeout)).text)
 
     async def abort(self, request_ids: str | Sequence[str], *, timeout: float | None = None) -> int:
         """Abort requests by id; returns how many were still running or queued. With several
@@ -143,15 +138,16 @@ class AsyncClient:
         req = pb.AbortRequest(request_ids=[request_ids] if isinstance(request_ids, str)
                               else list(request_ids))
         replies = await asyncio.gather(*(self._unary(stub.Abort, req, timeout)
-                                         for stub in self._stubs))
+                                         for stub in self._conns.stubs))
         return sum(int(r.aborted) for r in replies)
 
     async def model_info(self, *, timeout: float | None = None) -> ModelInfo:
-        resp = await self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+        resp = await self._unary(self._conns.first.GetModelInfo, pb.GetModelInfoRequest(), timeout)
         return wire.model_info(resp)
 
     async def server_info(self, *, timeout: float | None = None) -> ServerInfo:
-        resp = await self._unary(self._stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
+        resp = await self._unary(self._conns.first.GetServerInfo, pb.GetServerInfoRequest(),
+                                 timeout)
         return wire.server_info(resp)
 
     async def _unary(

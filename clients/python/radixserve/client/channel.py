@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
+from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 Metadata = tuple[tuple[str, str], ...]
+C = TypeVar("C", grpc.Channel, grpc.aio.Channel)
 
 
 @dataclass(frozen=True)
@@ -67,3 +70,18 @@ class ChannelConfig:
             return [grpc.aio.secure_channel(self.target, self.credentials(), options)
                     for _ in range(self.connections)]
         return [grpc.aio.insecure_channel(self.target, options) for _ in range(self.connections)]
+
+
+class Connections(Generic[C]):
+    """A client's connections (`ChannelConfig.sync_channels` or `aio_channels`) and a stub on each:
+    Generate calls take them in turn (`next`), calls that any gateway answers use the first, and
+    abort asks every one (`stubs`), since only the gateway that took a request knows it."""
+
+    def __init__(self, channels: list[C]) -> None:
+        self.channels = channels
+        self.stubs = [pb_grpc.GenerateServiceStub(channel) for channel in channels]
+        self.first = self.stubs[0]
+        self._turns = itertools.cycle(self.stubs)
+
+    def next(self) -> pb_grpc.GenerateServiceStub:
+        return next(self._turns)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from radixserve.v1 import generate_pb2 as pb
-from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
 from . import wire
-from .channel import DEFAULT_TARGET, ChannelConfig
+from .channel import DEFAULT_TARGET, ChannelConfig, Connections
 from .types import Event, GenerationResult, Message, ModelInfo, RadixServeError, ServerInfo
 
 if TYPE_CHECKING:
@@ -50,10 +48,7 @@ class Client:
             target, api_key, tls, root_certificates, private_key, certificate_chain, options,
             connections,
         )
-        self._channels = self.config.sync_channels()
-        self._stubs = [pb_grpc.GenerateServiceStub(channel) for channel in self._channels]
-        self._stub = self._stubs[0]
-        self._turns = itertools.cycle(self._stubs)  # Generate's connection, in turn
+        self._conns = Connections(self.config.sync_channels())
         self._metadata = self.config.metadata()
 
     def __enter__(self) -> Self:
@@ -63,7 +58,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        for channel in self._channels:
+        for channel in self._conns.channels:
             channel.close()
 
     def generate(
@@ -87,7 +82,7 @@ class Client:
     def _stream(
         self, request: pb.GenerateRequest, timeout: float | None
     ) -> Generator[Event, None, None]:
-        call = next(self._turns).Generate(request, timeout=timeout, metadata=self._metadata)
+        call = self._conns.next().Generate(request, timeout=timeout, metadata=self._metadata)
         try:
             for response in call:
                 ev = wire.event(response)
@@ -127,7 +122,7 @@ class Client:
         timeout: float | None = None,
     ) -> list[int]:
         req = wire.tokenize_request(text, messages, add_special_tokens, add_generation_prompt)
-        return list(self._unary(self._stub.Tokenize, req, timeout).token_ids)
+        return list(self._unary(self._conns.first.Tokenize, req, timeout).token_ids)
 
     def detokenize(
         self,
@@ -137,22 +132,22 @@ class Client:
         timeout: float | None = None,
     ) -> str:
         req = pb.DetokenizeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens)
-        return str(self._unary(self._stub.Detokenize, req, timeout).text)
+        return str(self._unary(self._conns.first.Detokenize, req, timeout).text)
 
     def abort(self, request_ids: str | Sequence[str], *, timeout: float | None = None) -> int:
         """Abort requests by id; returns how many were still running or queued. With several
         connections every one is asked: only the gateway that took a call knows its request."""
         req = pb.AbortRequest(request_ids=[request_ids] if isinstance(request_ids, str)
                               else list(request_ids))
-        return sum(int(self._unary(stub.Abort, req, timeout).aborted) for stub in self._stubs)
+        return sum(int(self._unary(stub.Abort, req, timeout).aborted) for stub in self._conns.stubs)
 
     def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         return wire.model_info(
-            self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+            self._unary(self._conns.first.GetModelInfo, pb.GetModelInfoRequest(), timeout)
         )
 
     def server_info(self, *, timeout: float | None = None) -> ServerInfo:
-        resp = self._unary(self._stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
+        resp = self._unary(self._conns.first.GetServerInfo, pb.GetServerInfoRequest(), timeout)
         return wire.server_info(resp)
 
     def _unary(self, method: Callable[..., R], request: Any, timeout: float | None) -> R:
