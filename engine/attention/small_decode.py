@@ -11,9 +11,17 @@ its log-sum-exp, and the last of them to finish (an atomic count per row and KV 
 the parts of its group's heads. One kernel a layer: a second one to merge would cost a launch
 and its wait in every layer of a step that is a chain of short kernels.
 
-Shapes: q (B, nh, hd); the KV pool's pages (num_pages, P, nkv, hd), read as (num_pages * P, nkv,
-hd) at the token locations `page_table[slot, :seq_len]` (int64, one per position); out (B, nh, hd).
-The kernel takes part in programmatic dependent launch (engine/pdl.py).
+The graphs call it from the layer's fused projection (`bind_qkv`): every program normalises and
+rotates its group's q heads itself (the norm and rotary code of layers/fused.py), and the program
+of a row's last tile also the row's new k, which it stores with v at the row's KV location and
+uses from registers in its own tile. That removes the rotary kernel and its wait from each layer;
+the price is that a row must not read keys another row of the same call stores (cuda_graph.py
+keeps prompts replayed as rows off these graphs).
+
+Shapes: q (B, nh, hd) or qkv (B, (nh + 2 nkv) hd); the KV pool's pages (num_pages, P, nkv, hd),
+read as (num_pages * P, nkv, hd) at the token locations `page_table[slot, :seq_len]` (int64, one
+per position); out (B, nh, hd). The kernel takes part in programmatic dependent launch
+(engine/pdl.py).
 """
 
 from __future__ import annotations
