@@ -5,9 +5,7 @@ A decode step launches a few hundred small kernels; replaying them as one graph 
 launch cost. Each graph reads static buffers only: the rows' slots and positions (input ids and KV
 locations are gathered from the device tables inside the graph) and the backend's decode metadata,
 which `plan_graph` rewrites before each replay. A batch of B rows runs in the smallest captured size
->= B; padded rows read slot 0 and write their K/V into a dummy page that no request owns. Where
-the attention of a size stores the rows' K/V itself (the small-batch decode kernel), a prompt's
-tokens replayed as rows run in the next size that does not.
+>= B; padded rows read slot 0 and write their K/V into a dummy page that no request owns.
 """
 
 from __future__ import annotations
@@ -54,8 +52,6 @@ class CudaGraphRunner:
         P = kv_pool.page_size
         backend.init_cuda_graph(G, table.width // P, P, dummy_page, table.page_table,
                                 small_decode_rows)
-        # sizes whose attention stores the rows' k and v itself: rows of distinct requests only
-        self.stores_kv = {bs for bs in self.sizes if backend.graph_stores_kv(bs)}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # (bs, V) outputs, owned by the graph pool
 
@@ -95,19 +91,8 @@ class CudaGraphRunner:
             hidden = self.model(ids, positions)
         return self.model.compute_logits(hidden)  # (bs, V)
 
-    def size_for(self, layout: StepLayout) -> int | None:
-        """The captured size that runs `layout`: the smallest that holds its rows and, where rows
-        of one request read each other's keys (a prompt replayed as rows), whose attention does
-        not store them itself (AttentionBackend.graph_stores_kv). None where none can."""
-        if not layout.is_decode:
-            return None
-        for bs in self.sizes[bisect.bisect_left(self.sizes, len(layout.seq_lens)):]:
-            if not (layout.rows_share_requests and bs in self.stores_kv):
-                return bs
-        return None
-
     def can_run(self, layout: StepLayout) -> bool:
-        return self.size_for(layout) is not None
+        return len(layout.seq_lens) <= self.max_batch and layout.is_decode
 
     def replay(self, layout: StepLayout) -> torch.Tensor:
         """Run a decode layout of B rows (its slots on the host) from its graph; returns (B, V)
@@ -115,8 +100,7 @@ class CudaGraphRunner:
         stream."""
         assert layout.slot_list is not None, "a replay takes the rows' slots from the host"
         B = len(layout.slot_list)
-        bs = self.size_for(layout)
-        assert bs is not None, "no captured graph runs this layout (check can_run)"
+        bs = self.sizes[bisect.bisect_left(self.sizes, B)]
         host = torch.zeros(3, bs, dtype=torch.int64)
         host[0, :B] = torch.tensor(layout.slot_list, dtype=torch.int64)
         # the one new token's position

@@ -5,12 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from radixserve.engine.attention.base import (
-    AttentionBackend,
-    AttentionMetadata,
-    RopeInputs,
-    StepLayout,
-)
+from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
 
 # (num_heads, num_kv_heads, head_dim, device, dtype)
 BackendFactory = Callable[..., AttentionBackend]
@@ -91,5 +86,5 @@ def create_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int,
     return backend
 
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "RopeInputs", "StepLayout", "backend_names",
-           "create_backend", "register_backend"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "StepLayout", "backend_names", "create_backend",
+           "register_backend"]

@@ -22,25 +22,6 @@ if TYPE_CHECKING:
 LayerCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
-@dataclass(frozen=True)
-class RopeInputs:
-    """What turns a layer's fused projection into its attention's inputs: the rotary tables
-    (max_positions, hd) and, where the model normalises each head's q and k first (Qwen3), the
-    norms' weights (hd,) and epsilon."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    q_weight: torch.Tensor | None
-    k_weight: torch.Tensor | None
-    eps: float
-
-
-# (qkv, rope, k_pages, v_pages, out) -> None: a LayerCall that starts from the fused projection
-# qkv (T, (nh + 2 nkv) * hd): the q/k norms, the rotary and the store of the new k and v run in
-# the attention kernel itself (small_decode.py)
-QKVLayerCall = Callable[[torch.Tensor, RopeInputs, torch.Tensor, torch.Tensor, torch.Tensor], None]
-
-
 @dataclass
 class StepLayout:
     """Where a step's tokens sit. Requests are laid out back to back in the flat token axis.
@@ -58,9 +39,6 @@ class StepLayout:
     # the slots on the host, where the caller has them: backends then find page ids with less
     # device work (`page_cells`)
     slot_list: list[int] | None = None
-    # several rows of one request, each a token of its prompt (`as_decode_rows`): a row reads
-    # keys that rows before it store in the same step
-    rows_share_requests: bool = False
 
     @property
     def extend_lens(self) -> list[int]:
@@ -93,7 +71,7 @@ class StepLayout:
             slots += [slot] * (s - p)
             prefix += range(p, s)
         return StepLayout(row_slots, prefix, [p + 1 for p in prefix], self.out_loc,
-                          self.page_table, self.page_size, slots, rows_share_requests=True)
+                          self.page_table, self.page_size, slots)
 
 
 @dataclass
@@ -143,16 +121,6 @@ class AttentionBackend(ABC):
         Returns (T, nh, hd): `out` when given (a contiguous (T, nh, hd) tensor of q's dtype, which
         receives the result: the piecewise graphs' static buffer), else a new tensor."""
 
-    def attend_qkv(self, qkv: torch.Tensor, rope: RopeInputs, layer_id: int,
-                   meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor | None:
-        """Attention straight from the fused projection qkv (T, (nh + 2 nkv) * hd), row-packed:
-        the q/k norms, the rotary and the store of the new k and v run inside the attention
-        kernel. Returns (T, nh, hd), or None where `meta` has no such kernel (the caller then
-        runs those itself and calls `attend`). Only decode graphs use it, where
-        `graph_stores_kv(batch_size)` says so."""
-        return None
-
-
     # -- page sizes -------------------------------------------------------------------------------
     def check_page_size(self, page_size: int) -> str:
         """Called once at engine start with the pool's page size.
@@ -194,13 +162,6 @@ class AttentionBackend(ABC):
         """Re-plan the captured metadata of `batch_size` for a real decode layout of B <= batch_size
         rows (rows past B are padding). Runs outside the graph, before each replay."""
         raise NotImplementedError
-
-    def graph_stores_kv(self, batch_size: int) -> bool:
-        """Whether the captured graph of `batch_size` stores each row's new k and v inside its
-        attention kernel (`attend_qkv`): a row then cannot read keys that another row of the same
-        replay stores, so only rows of distinct requests replay it, never a prompt's tokens
-        replayed as rows (StepLayout.as_decode_rows)."""
-        return False
 
 
 def into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

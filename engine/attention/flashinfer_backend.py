@@ -28,8 +28,6 @@ from radixserve.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
     LayerCall,
-    QKVLayerCall,
-    RopeInputs,
     StepLayout,
     last_page_lens,
     layout_page_ids,
@@ -86,7 +84,6 @@ class _Planner:
 class FlashInferMetadata(AttentionMetadata):
     wrapper: Any  # the planned BatchPrefill/BatchDecode wrapper (None: `call` needs no plan)
     call: LayerCall | None = None  # the per-layer kernel call, where bound (else wrapper.run)
-    qkv_call: QKVLayerCall | None = None  # the same from the fused projection (`attend_qkv`)
 
 
 class FlashInferBackend(AttentionBackend):
@@ -206,16 +203,6 @@ class FlashInferBackend(AttentionBackend):
         call(q if q.is_contiguous() else q.contiguous(), pages[0], pages[1], out)
         return out
 
-    def attend_qkv(self, qkv: torch.Tensor, rope: RopeInputs, layer_id: int,
-                   meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor | None:
-        if not isinstance(meta, FlashInferMetadata) or meta.qkv_call is None:
-            return None
-        k_pages, v_pages = kv_pool.pages[layer_id]
-        out = torch.empty(qkv.size(0), self.num_heads, self.head_dim, dtype=qkv.dtype,
-                          device=qkv.device)
-        meta.qkv_call(qkv, rope, k_pages, v_pages, out)
-        return out
-
     # -- CUDA graphs ----------------------------------------------------------------------------
     def supports_cuda_graph(self, page_size: int) -> bool:
         return True  # paged decode at any page size
@@ -243,8 +230,7 @@ class FlashInferBackend(AttentionBackend):
     def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> FlashInferMetadata:
         small = self._small_rows(batch_size)
         if small is not None:
-            return FlashInferMetadata(out_loc, None, small.bind(batch_size),
-                                      small.bind_qkv(batch_size, out_loc))
+            return FlashInferMetadata(out_loc, None, small.bind(batch_size))
         wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
             self._workspace, "NHD", use_cuda_graph=True,
             paged_kv_indptr_buffer=self._g_indptr[: batch_size + 1],
@@ -266,9 +252,6 @@ class FlashInferBackend(AttentionBackend):
         npages = pages_per_request(layout.seq_lens, P)
         self._plan_padded(self._graphs[batch_size], batch_size, layout.seq_lens, npages,
                           layout_page_ids(layout, npages))
-
-    def graph_stores_kv(self, batch_size: int) -> bool:
-        return self._small_rows(batch_size) is not None
 
     def _plan_padded(self, planner: _Planner, batch_size: int, seq_lens: list[int],
                      npages: list[int], real: torch.Tensor | None) -> None:

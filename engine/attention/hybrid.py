@@ -7,12 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from radixserve.engine.attention.base import (
-    AttentionBackend,
-    AttentionMetadata,
-    RopeInputs,
-    StepLayout,
-)
+from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
 from radixserve.engine.attention.mixed import MixedMetadata, attend_mixed, prepare_mixed
 
 if TYPE_CHECKING:
@@ -59,12 +54,6 @@ class HybridBackend(AttentionBackend):
         assert isinstance(meta, HybridMetadata)
         return meta.backend.attend(q, layer_id, meta.inner, kv_pool, out)
 
-    def attend_qkv(self, qkv: torch.Tensor, rope: RopeInputs, layer_id: int,
-                   meta: AttentionMetadata, kv_pool: KVCachePool) -> torch.Tensor | None:
-        if not isinstance(meta, HybridMetadata):
-            return None
-        return meta.backend.attend_qkv(qkv, rope, layer_id, meta.inner, kv_pool)
-
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int, page_table: torch.Tensor | None = None,
                         small_decode_rows: int = 0) -> None:
@@ -76,6 +65,3 @@ class HybridBackend(AttentionBackend):
 
     def plan_graph(self, batch_size: int, layout: StepLayout) -> None:
         self.decode.plan_graph(batch_size, layout)
-
-    def graph_stores_kv(self, batch_size: int) -> bool:
-        return self.decode.graph_stores_kv(batch_size)

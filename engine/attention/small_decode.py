@@ -11,26 +11,16 @@ its log-sum-exp, and the last of them to finish (an atomic count per row and KV 
 the parts of its group's heads. One kernel a layer: a second one to merge would cost a launch
 and its wait in every layer of a step that is a chain of short kernels.
 
-The graphs call it from the layer's fused projection (`bind_qkv`): every program normalises and
-rotates its group's q heads itself (the norm and rotary code of layers/fused.py), and the program
-of a row's last tile also the row's new k, which it stores with v at the row's KV location and
-uses from registers in its own tile. That removes the rotary kernel and its wait from each layer;
-the price is that a row must not read keys another row of the same call stores (cuda_graph.py
-keeps prompts replayed as rows off these graphs).
-
-Shapes: q (B, nh, hd) or qkv (B, (nh + 2 nkv) hd); the KV pool's pages (num_pages, P, nkv, hd),
-read as (num_pages * P, nkv, hd) at the token locations `page_table[slot, :seq_len]` (int64, one
-per position); out (B, nh, hd). The kernel takes part in programmatic dependent launch
-(engine/pdl.py).
+Shapes: q (B, nh, hd); the KV pool's pages (num_pages, P, nkv, hd), read as (num_pages * P, nkv,
+hd) at the token locations `page_table[slot, :seq_len]` (int64, one per position); out (B, nh, hd).
+The kernel takes part in programmatic dependent launch (engine/pdl.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from radixserve.engine import pdl
-from radixserve.engine.attention.base import LayerCall, QKVLayerCall, RopeInputs
+from radixserve.engine.attention.base import LayerCall
 
 try:
     import triton
@@ -46,7 +36,6 @@ MAX_SPLITS = 64
 MERGE_CHUNK = 8  # parts the merging program reads at a time, per head
 
 if triton is not None:
-    from radixserve.engine.layers.fused import norm_rope, rope_tables
     from radixserve.engine.pdl import wait_for_step_data
 
     @triton.jit
@@ -96,57 +85,19 @@ if triton is not None:
 
     @triton.jit
     def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, out_ptr, po_ptr, plse_ptr,
-                       arrivals_ptr, loc_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, eps, sm_scale,
-                       max_rows, table_stride, q_stride_b, q_stride_h, kv_stride_t, kv_stride_h,
-                       o_stride_b, o_stride_h, NH: tl.constexpr, NKV: tl.constexpr,
-                       GROUP: tl.constexpr, GROUP_P: tl.constexpr, HD: tl.constexpr,
-                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr,
-                       ROPE: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
-        """q_ptr: q (B, nh, hd); or, with ROPE, the fused projection (B, (nh + 2 nkv) hd) row-packed
-        (q_stride_b its row stride), whose q and k heads this kernel normalises (NORM) and rotates,
-        and whose new k and v it stores at loc_ptr[b] (the program of the row's last tile)."""
+                       arrivals_ptr, sm_scale, max_rows, table_stride, q_stride_b, q_stride_h,
+                       kv_stride_t, kv_stride_h, o_stride_b, o_stride_h, NH: tl.constexpr,
+                       NKV: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+                       HD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                       CHUNK: tl.constexpr, PDL: tl.constexpr):
         b, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        HALF: tl.constexpr = HD // 2
         wait_for_step_data(PDL)
         slot, seq, per, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N)
         g = tl.arange(0, GROUP_P)
         heads = kvh * GROUP + g
-        i = tl.arange(0, HALF)
         d = tl.arange(0, HD)
-        qh = (g < GROUP)[:, None]
-        pos = seq - 1  # the row's new token
-        # q as its two halves, (GROUP_P, HALF) each: scores = q1 k1^T + q2 k2^T
-        if ROPE:
-            dt = q_ptr.dtype.element_ty
-            kt = k_ptr.dtype.element_ty
-            c1, c2, s1, s2 = rope_tables(cos_ptr, sin_ptr, pos, i[None, :], HALF=HALF, DT=dt)
-            qw1, qw2, kw1, kw2 = 1.0, 1.0, 1.0, 1.0
-            if NORM:
-                qw1 = tl.load(qw_ptr + i)[None, :].to(tl.float32)
-                qw2 = tl.load(qw_ptr + HALF + i)[None, :].to(tl.float32)
-                kw1 = tl.load(kw_ptr + i)[None, :].to(tl.float32)
-                kw2 = tl.load(kw_ptr + HALF + i)[None, :].to(tl.float32)
-            row = q_ptr + b * q_stride_b
-            x = row + heads[:, None] * HD + i[None, :]
-            q1, q2 = norm_rope(tl.load(x, mask=qh, other=0.0).to(tl.float32),
-                               tl.load(x + HALF, mask=qh, other=0.0).to(tl.float32),
-                               c1, c2, s1, s2, qw1, qw2, eps, HD=HD, NORM=NORM, DT=dt)
-            x = row + (NH + kvh) * HD + i[None, :]
-            k1_new, k2_new = norm_rope(tl.load(x).to(tl.float32), tl.load(x + HALF).to(tl.float32),
-                                       c1, c2, s1, s2, kw1, kw2, eps, HD=HD, NORM=NORM, DT=dt)
-            k1_new, k2_new = k1_new.to(kt), k2_new.to(kt)  # (1, HALF) each
-            v_new = tl.load(row + (NH + NKV + kvh) * HD + d)[None, :].to(kt)  # (1, HD)
-            # the program of the last tile stores the new token's k and v for later steps (this
-            # step's tile takes them from registers below)
-            last = s == used - 1
-            dst = tl.load(loc_ptr + b) * kv_stride_t + kvh * kv_stride_h
-            tl.store(k_ptr + dst + i[None, :], k1_new, mask=(i < tl.where(last, HALF, 0))[None, :])
-            tl.store(k_ptr + dst + HALF + i[None, :], k2_new,
-                     mask=(i < tl.where(last, HALF, 0))[None, :])
-            tl.store(v_ptr + dst + d[None, :], v_new, mask=(d < tl.where(last, HD, 0))[None, :])
-        else:
-            x = q_ptr + b * q_stride_b + heads[:, None] * q_stride_h + i[None, :]
-            q1, q2 = tl.load(x, mask=qh, other=0.0), tl.load(x + HALF, mask=qh, other=0.0)
+        q = tl.load(q_ptr + b * q_stride_b + heads[:, None] * q_stride_h + d[None, :],
+                    mask=(g < GROUP)[:, None], other=0.0)
         m = tl.full([GROUP_P], float("-inf"), tl.float32)
         denom = tl.zeros([GROUP_P], tl.float32)
         acc = tl.zeros([GROUP_P, HD], tl.float32)
@@ -156,19 +107,14 @@ if triton is not None:
             offs = t + tl.arange(0, BLOCK_N)
             live = offs < t1
             loc = tl.load(table_ptr + slot * table_stride + offs, mask=live, other=0)
-            at = loc[:, None] * kv_stride_t + kvh * kv_stride_h
-            k1 = tl.load(k_ptr + at + i[None, :], mask=live[:, None], other=0.0)
-            k2 = tl.load(k_ptr + at + HALF + i[None, :], mask=live[:, None], other=0.0)
-            v = tl.load(v_ptr + at + d[None, :], mask=live[:, None], other=0.0)
-            if ROPE:  # the new token's key and value, which this kernel stores, from registers
-                new = (offs == pos)[:, None]
-                k1, k2 = tl.where(new, k1_new, k1), tl.where(new, k2_new, k2)
-                v = tl.where(new, v_new, v)
-            scores = (tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))) * sm_scale
-            scores = tl.where(live[None, :], scores, float("-inf"))  # (GROUP_P, BLOCK_N)
+            kv = loc[:, None] * kv_stride_t + kvh * kv_stride_h + d[None, :]
+            k = tl.load(k_ptr + kv, mask=live[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * sm_scale  # (GROUP_P, BLOCK_N)
+            scores = tl.where(live[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, 1))
             p = tl.exp(scores - m_new[:, None])
             alpha = tl.exp(m - m_new)
+            v = tl.load(v_ptr + kv, mask=live[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             denom = denom * alpha + tl.sum(p, 1)
             m = m_new
@@ -234,29 +180,7 @@ class SmallBatchDecode:
         self.rows[:, :batch_size].copy_(host, non_blocking=True)
 
     def bind(self, batch_size: int) -> LayerCall:
-        """The call that runs one layer for graphs of `batch_size` rows, from q."""
-        launch = self._launcher(batch_size)
-
-        def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
-            launch(q, q.stride(0), q.stride(1), None, None, k, v, out)
-
-        return call
-
-    def bind_qkv(self, batch_size: int, out_loc: torch.Tensor) -> QKVLayerCall:
-        """The call that runs one layer for graphs of `batch_size` rows from the fused projection:
-        q/k norms and rotary at each row's position (its length - 1), and its new k and v stored
-        at out_loc (the graph's (batch_size,) buffer of KV locations; padded rows' point at a
-        page no request owns)."""
-        launch = self._launcher(batch_size)
-
-        def call(qkv: torch.Tensor, rope: RopeInputs, k: torch.Tensor, v: torch.Tensor,
-                 out: torch.Tensor) -> None:
-            assert qkv.stride(-1) == 1 and rope.cos.size(-1) == self.head_dim
-            launch(qkv, qkv.stride(0), self.head_dim, rope, out_loc, k, v, out)
-
-        return call
-
-    def _launcher(self, batch_size: int) -> Callable[..., None]:
+        """The call that runs one layer for graphs of `batch_size` rows."""
         assert batch_size <= self.max_rows
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         splits = splits_for(batch_size, nkv, self.programs)
@@ -264,23 +188,16 @@ class SmallBatchDecode:
         table = self.page_table
         grid = (batch_size, nkv, splits)
 
-        def launch(src: torch.Tensor, stride_b: int, stride_h: int, rope: RopeInputs | None,
-                   out_loc: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
-                   out: torch.Tensor) -> None:
+        def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
             # k, v: (num_pages, P, nkv, hd), token-major within a page and pages back to back
             # (runs when a graph is captured, not when it replays)
             assert k.stride(0) == k.size(1) * k.stride(1) and v.stride() == k.stride()
-            norm = rope is not None and rope.q_weight is not None and rope.k_weight is not None
             _decode_kernel[grid](
-                src, k, v, table, self.rows, out, self._parts_o, self._parts_lse, self._arrivals,
-                out_loc if rope is not None else self.rows,
-                rope.cos if rope is not None else src, rope.sin if rope is not None else src,
-                rope.q_weight if norm else src, rope.k_weight if norm else src,
-                rope.eps if rope is not None else 0.0, self.sm_scale, self.max_rows,
-                table.stride(0), stride_b, stride_h, k.stride(1), k.stride(2), out.stride(0),
-                out.stride(1), NH=nh, NKV=nkv, GROUP=group,
-                GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd, BLOCK_N=block_n,
-                SPLITS=splits, CHUNK=MERGE_CHUNK, ROPE=rope is not None, NORM=norm,
-                num_warps=warps, **pdl.launch_kwargs())
+                q, k, v, table, self.rows, out, self._parts_o, self._parts_lse, self._arrivals,
+                self.sm_scale, self.max_rows, table.stride(0), q.stride(0), q.stride(1),
+                k.stride(1), k.stride(2), out.stride(0), out.stride(1), NH=nh, NKV=nkv,
+                GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd,
+                BLOCK_N=block_n, SPLITS=splits, CHUNK=MERGE_CHUNK, num_warps=warps,
+                **pdl.launch_kwargs())
 
-        return launch
+        return call

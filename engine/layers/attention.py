@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from radixserve.engine.attention.base import RopeInputs
 from radixserve.engine.context import get_forward_context
 from radixserve.engine.layers import fused
 from radixserve.engine.layers.linear import QKVParallelLinear, RowParallelLinear
@@ -25,31 +24,12 @@ class RopeAttention(nn.Module):
         # Qwen3 normalises each head's q and k before the rotation.
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
-        self._rope: RopeInputs | None = None  # `_rope_inputs`
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """positions: (T,); x: (T, hidden) -> (T, hidden)."""
-        qkv = self.qkv_proj(x)
+        q = self.qkv_to_q(positions, self.qkv_proj(x))
         ctx = get_forward_context()
-        if self._fusable(qkv):  # decode graphs of a few rows: one kernel from qkv to attention
-            out = ctx.backend.attend_qkv(qkv, self._rope_inputs(), self.layer_id, ctx.metadata,
-                                         ctx.kv_pool)
-            if out is not None:
-                return self.output(out)
-        q = self.qkv_to_q(positions, qkv)
         return self.output(ctx.backend.attend(q, self.layer_id, ctx.metadata, ctx.kv_pool))
-
-    def _fusable(self, qkv: torch.Tensor) -> bool:
-        """Whether Triton kernels may take qkv as it is (CUDA, half precision, row-packed)."""
-        return fused.usable(qkv) and fused.rope_supported(self.head_dim) and qkv.stride(-1) == 1
-
-    def _rope_inputs(self) -> RopeInputs:
-        """Built at the first call: the tables and weights are on their device by then."""
-        if self._rope is None:
-            qn, kn = self.q_norm, self.k_norm
-            self._rope = RopeInputs(self.rotary.cos, self.rotary.sin, qn.weight if qn else None,
-                                    kn.weight if kn else None, qn.eps if qn else 0.0)
-        return self._rope
 
     def qkv_to_q(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """Everything between the projection and the attention: q/k norms, rotary, and the store of
@@ -58,7 +38,7 @@ class RopeAttention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         ctx = get_forward_context()
         pool, loc = ctx.kv_pool, ctx.metadata.out_loc
-        if self._fusable(qkv):
+        if fused.usable(qkv) and fused.rope_supported(self.head_dim) and qkv.stride(-1) == 1:
             # q/k norm, rotary and the KV store in one kernel
             qn, kn = self.q_norm, self.k_norm
             q, _ = fused.qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin,

@@ -56,30 +56,6 @@ if triton is not None:
         tl.store(out_ptr + row * D + cols, (y.to(dt).to(tl.float32) * w).to(dt), mask=mask)
 
     @triton.jit
-    def rope_tables(cos_ptr, sin_ptr, p, i, HALF: tl.constexpr, DT: tl.constexpr):
-        """cos and sin at position p for the halves' columns i, (1, HALF) each, rounded to the
-        model's dtype as the reference rotary rounds them: (c1, c2, s1, s2)."""
-        HD: tl.constexpr = 2 * HALF
-        c1 = tl.load(cos_ptr + p * HD + i).to(DT).to(tl.float32)
-        c2 = tl.load(cos_ptr + p * HD + HALF + i).to(DT).to(tl.float32)
-        s1 = tl.load(sin_ptr + p * HD + i).to(DT).to(tl.float32)
-        s2 = tl.load(sin_ptr + p * HD + HALF + i).to(DT).to(tl.float32)
-        return c1, c2, s1, s2
-
-    @triton.jit
-    def norm_rope(x1, x2, c1, c2, s1, s2, w1, w2, eps, HD: tl.constexpr, NORM: tl.constexpr,
-                  DT: tl.constexpr):
-        """Heads given as their two halves, (heads, HD / 2) float32 each: per-head RMSNorm with
-        weight halves w1, w2 (when NORM), then rotate-half rotary with `rope_tables`' values.
-        Returns the halves in DT. Shared by the rotary kernel below and the small-batch decode
-        attention (attention/small_decode.py), which takes the projection's q and k itself."""
-        if NORM:
-            r = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
-            x1 = ((x1 * r).to(DT).to(tl.float32) * w1).to(DT).to(tl.float32)
-            x2 = ((x2 * r).to(DT).to(tl.float32) * w2).to(DT).to(tl.float32)
-        return (x1 * c1 - x2 * s1).to(DT), (x2 * c2 + x1 * s2).to(DT)  # rotate-half layout
-
-    @triton.jit
     def _qk_norm_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_out, k_out,
                              v_out, loc_ptr, qkv_stride, eps, NH: tl.constexpr, NKV: tl.constexpr,
                              HALF: tl.constexpr,
@@ -98,8 +74,10 @@ if triton is not None:
         is_qk, is_q = h < NH + NKV, h < NH
         dt = q_out.dtype.element_ty
         p = tl.load(pos_ptr + t).to(tl.int64)
-        c1, c2, s1, s2 = rope_tables(cos_ptr, sin_ptr, p, i, HALF=HALF, DT=dt)  # (1, HALF) each
-        w1, w2 = 1.0, 1.0
+        c1 = tl.load(cos_ptr + p * HD + i).to(dt).to(tl.float32)  # (1, HALF)
+        c2 = tl.load(cos_ptr + p * HD + HALF + i).to(dt).to(tl.float32)
+        s1 = tl.load(sin_ptr + p * HD + i).to(dt).to(tl.float32)
+        s2 = tl.load(sin_ptr + p * HD + HALF + i).to(dt).to(tl.float32)
         if NORM:
             w1 = tl.where(is_q, tl.load(qw_ptr + i).to(tl.float32),
                           tl.load(kw_ptr + i).to(tl.float32))
@@ -112,7 +90,12 @@ if triton is not None:
         base = qkv_ptr + t * qkv_stride + h * HD
         x1 = tl.load(base + i, mask=is_qk, other=0.0).to(tl.float32)  # (HP, HALF)
         x2 = tl.load(base + HALF + i, mask=is_qk, other=0.0).to(tl.float32)
-        o1, o2 = norm_rope(x1, x2, c1, c2, s1, s2, w1, w2, eps, HD=HD, NORM=NORM, DT=dt)
+        if NORM:
+            r = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
+            x1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+            x2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+        o1 = (x1 * c1 - x2 * s1).to(dt)  # rotate-half layout
+        o2 = (x2 * c2 + x1 * s2).to(dt)
         q_dst = q_out + (t * NH + h) * HD
         tl.store(q_dst + i, o1, mask=is_q)
         tl.store(q_dst + HALF + i, o2, mask=is_q)

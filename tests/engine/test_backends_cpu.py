@@ -19,7 +19,7 @@ from radixserve.engine.attention import StepLayout, create_backend, resolve_back
 from radixserve.engine.attention.base import page_indices, pages_per_request
 from radixserve.engine.attention.mixed import MixedMetadata, split_layout
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.cuda_graph import CudaGraphRunner, graph_batch_sizes
+from radixserve.engine.cuda_graph import graph_batch_sizes
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.model_runner import ModelRunner
 
@@ -111,34 +111,6 @@ def test_graph_batch_sizes():
     sizes = graph_batch_sizes(256)
     assert sizes[-1] == 256 and sizes == sorted(set(sizes))
     assert all(b / a <= 2 for a, b in zip(sizes, sizes[1:]))
-
-
-def test_rows_of_one_request_replay_only_graphs_whose_attention_does_not_store_kv():
-    """A prompt's tokens replayed as rows read keys that rows before them store in the same step:
-    they skip the sizes whose attention stores each row's k and v itself (the small-batch decode
-    kernel's), and take the next size that does not; rows of distinct requests take the smallest."""
-
-    class Backend:  # stores k and v in its attention kernel up to 8 rows, as small_decode_rows=8
-        def init_cuda_graph(self, *args: object) -> None:
-            pass
-
-        def graph_stores_kv(self, batch_size: int) -> bool:
-            return batch_size <= 8
-
-    table = SimpleNamespace(page_table=torch.zeros(4, 64, dtype=torch.int64), width=64)
-    runner = CudaGraphRunner(None, Backend(), SimpleNamespace(page_size=16), table,
-                             [1, 2, 4, 8, 16, 24], dummy_page=3, stream=None)
-
-    def layout(rows: int, share: bool, decode: bool = True) -> StepLayout:
-        ext = 1 if decode else 2
-        return StepLayout(torch.zeros(rows, dtype=torch.int64), [5] * rows, [5 + ext] * rows,
-                          torch.zeros(rows, dtype=torch.int64), table.page_table, 16, [0] * rows,
-                          rows_share_requests=share)
-
-    assert [runner.size_for(layout(n, False)) for n in (1, 3, 8, 9, 24)] == [1, 4, 8, 16, 24]
-    assert [runner.size_for(layout(n, True)) for n in (1, 3, 8, 9, 24)] == [16, 16, 16, 16, 24]
-    assert runner.size_for(layout(25, False)) is None and not runner.can_run(layout(25, True))
-    assert not runner.can_run(layout(2, False, decode=False))  # rows of more than one token
 
 
 # -- a torch stand-in for the flash-attn API (semantics as documented by flash-attn 2 and 3) -------

@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 from attention_cases import LAYER, backend_marks, check_store, make_case, reference, rel_error
-from radixserve.engine.attention import RopeInputs, create_backend
+from radixserve.engine.attention import create_backend
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -46,21 +46,14 @@ def test_backend_matches_float64(backend, page_size, kind, batch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS[1:3] + [
-    pytest.param(name, marks=backend_marks("flashinfer"))
-    for name in ("flashinfer+small", "flashinfer+small+qkv")])
+    pytest.param("flashinfer+small", marks=backend_marks("flashinfer"))])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("kind", ["decode", "served"])
 def test_graph_decode_matches_float64(backend, page_size, kind):
     """The graph path: plan_graph on a padded batch, captured metadata replayed as a CUDA graph;
     "served": a step with prompts and chunks beside its decode rows, every new token a decode row
     of its own (StepLayout.as_decode_rows), as the engine replays short prompts. "+small": the
-    graph's rows through attention/small_decode.py's kernel (small_decode_rows); "+qkv": that
-    kernel from the fused projection (`attend_qkv`), storing the new k and v itself, here with a
-    rotary that leaves q and k as they are (cos 1, sin 0; the engine tests check the real one)."""
-    qkv_mode = backend.endswith("+qkv")
-    if qkv_mode and kind == "served":
-        pytest.skip("rows of one request never replay a graph that stores k and v in its attention")
-    backend = backend.removesuffix("+qkv")
+    graph's rows through attention/small_decode.py's kernels (small_decode_rows)."""
     backend, small = backend.removesuffix("+small"), backend.endswith("+small")
     dev = torch.device("cuda")
     b = create_backend(backend, NH, NKV, HD, dev, torch.bfloat16)
@@ -83,26 +76,15 @@ def test_graph_decode_matches_float64(backend, page_size, kind):
     v = torch.zeros_like(k)
     out_loc = torch.full((G,), dummy_page * page_size, dtype=torch.int64, device=dev)
     meta = b.graph_metadata(G, out_loc)
-    assert b.graph_stores_kv(G) == small
-    rope = RopeInputs(torch.ones(4096, HD, device=dev), torch.zeros(4096, HD, device=dev),
-                      None, None, 0.0)
-    qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)  # (G, (NH + 2 NKV) HD)
-
-    def layer() -> torch.Tensor:
-        if qkv_mode:
-            return b.attend_qkv(qkv, rope, LAYER, meta, case.pool)
-        return b.forward(q, k, v, LAYER, meta, case.pool)
-
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        layer()  # warm-up outside capture
+        b.forward(q, k, v, LAYER, meta, case.pool)  # warm-up outside capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            out = layer()
+            out = b.forward(q, k, v, LAYER, meta, case.pool)
         b.plan_graph(G, layout)
         q.normal_(), k.normal_(), v.normal_()
         q[:T], k[:T], v[:T] = case.q, case.k, case.v
-        qkv.copy_(torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1))
         out_loc[:T] = case.layout.out_loc
         graph.replay()
     torch.cuda.synchronize()
