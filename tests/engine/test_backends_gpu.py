@@ -53,7 +53,7 @@ def test_graph_decode_matches_float64(backend, page_size, kind):
     """The graph path: plan_graph on a padded batch, captured metadata replayed as a CUDA graph;
     "served": a step with prompts and chunks beside its decode rows, every new token a decode row
     of its own (StepLayout.as_decode_rows), as the engine replays short prompts. "+small": the
-    graph's rows through attention/small_decode.py's kernels (small_decode_rows)."""
+    graph's rows through attention/small_decode.py's kernel (small_decode_rows)."""
     backend, small = backend.removesuffix("+small"), backend.endswith("+small")
     dev = torch.device("cuda")
     b = create_backend(backend, NH, NKV, HD, dev, torch.bfloat16)

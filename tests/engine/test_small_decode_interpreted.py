@@ -1,9 +1,9 @@
-"""The small-batch decode kernels (engine/attention/small_decode.py) run by Triton's interpreter
+"""The small-batch decode kernel (engine/attention/small_decode.py) run by Triton's interpreter
 on a CPU, against softmax attention in float64: rows that fit one program and rows split over
 several (merged by the last of their programs, which leaves the count at 0 for the next call), rows
 of one key, a tile boundary and past it, pages in shuffled order, padded rows, and a group of
-query heads that is not a power of two. On a GPU, tests/engine/test_backends_gpu.py runs them
-in CUDA graphs."""
+query heads that is not a power of two. On a GPU, tests/engine/test_backends_gpu.py runs it in
+CUDA graphs."""
 
 from __future__ import annotations
 
