@@ -137,10 +137,10 @@ class PiecewiseGraphRunner:
         self.out_loc[:T].copy_(out_loc)
         self.out_loc[T:bucket].fill_(self.dummy_loc)  # padded rows write into the dummy page
         pieces = self.graphs[bucket]
-        q, attn_out = self.q[:T], self.attn_out[:T]
-        attend, pool = self.backend.attend, self.kv_pool
+        # straight into the buffer the next piece reads
+        attend = self.backend.bind_layers(self.q[:T], self.attn_out[:T], meta, self.kv_pool)
         for i in range(len(pieces) - 1):
             pieces[i].replay()
-            attend(q, i, meta, pool, attn_out)  # straight into the buffer the next piece reads
+            attend(i)
         pieces[-1].replay()
         return self.hidden[:T]

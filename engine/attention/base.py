@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 # (q, k_pages, v_pages, out) -> None: one layer's attention, written into out; a kernel call with
 # its step's arguments bound (flashinfer_direct.py, small_decode.py)
 LayerCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+# layer_id -> None: a step's attention with its query and output buffers bound (`bind_layers`)
+StepCall = Callable[[int], None]
 
 
 @dataclass
@@ -120,6 +122,19 @@ class AttentionBackend(ABC):
         """Causal attention of q (T, nh, hd) over each request's context, new tokens included.
         Returns (T, nh, hd): `out` when given (a contiguous (T, nh, hd) tensor of q's dtype, which
         receives the result: the piecewise graphs' static buffer), else a new tensor."""
+
+    def bind_layers(self, q: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
+                    kv_pool: KVCachePool) -> StepCall:
+        """`attend(q, layer_id, meta, kv_pool, out)` for every layer of a step whose layers all
+        read q and write out, the same buffers (the piecewise graphs' static ones): what can be
+        worked out once a step (views of the buffers, the kernel's bound arguments) is, so each
+        layer pays only its kernel launches."""
+        attend = self.attend
+
+        def call(layer_id: int) -> None:
+            attend(q, layer_id, meta, kv_pool, out)
+
+        return call
 
     # -- page sizes -------------------------------------------------------------------------------
     def check_page_size(self, page_size: int) -> str:

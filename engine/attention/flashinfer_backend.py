@@ -28,13 +28,19 @@ from radixserve.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
     LayerCall,
+    StepCall,
     StepLayout,
     last_page_lens,
     layout_page_ids,
     pages_per_request,
     prefix_sums,
 )
-from radixserve.engine.attention.mixed import MixedMetadata, attend_mixed, prepare_mixed
+from radixserve.engine.attention.mixed import (
+    MixedMetadata,
+    attend_mixed,
+    bind_mixed,
+    prepare_mixed,
+)
 from radixserve.engine.attention.small_decode import SmallBatchDecode
 
 if TYPE_CHECKING:
@@ -202,6 +208,22 @@ class FlashInferBackend(AttentionBackend):
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         call(q if q.is_contiguous() else q.contiguous(), pages[0], pages[1], out)
         return out
+
+    def bind_layers(self, q: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
+                    kv_pool: KVCachePool) -> StepCall:
+        if isinstance(meta, MixedMetadata):
+            return bind_mixed(q, out, meta, kv_pool)
+        assert isinstance(meta, FlashInferMetadata)
+        bound = meta.call
+        if bound is None or not q.is_contiguous():  # q's contents change from layer to layer
+            return super().bind_layers(q, out, meta, kv_pool)
+        pages = kv_pool.pages
+
+        def call(layer_id: int) -> None:
+            k, v = pages[layer_id]
+            bound(q, k, v, out)
+
+        return call
 
     # -- CUDA graphs ----------------------------------------------------------------------------
     def supports_cuda_graph(self, page_size: int) -> bool:

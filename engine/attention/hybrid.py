@@ -7,8 +7,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
-from radixserve.engine.attention.mixed import MixedMetadata, attend_mixed, prepare_mixed
+from radixserve.engine.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    StepCall,
+    StepLayout,
+)
+from radixserve.engine.attention.mixed import (
+    MixedMetadata,
+    attend_mixed,
+    bind_mixed,
+    prepare_mixed,
+)
 
 if TYPE_CHECKING:
     from radixserve.engine.kvcache.pool import KVCachePool
@@ -53,6 +63,13 @@ class HybridBackend(AttentionBackend):
             return attend_mixed(q, layer_id, meta, kv_pool, out)
         assert isinstance(meta, HybridMetadata)
         return meta.backend.attend(q, layer_id, meta.inner, kv_pool, out)
+
+    def bind_layers(self, q: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
+                    kv_pool: KVCachePool) -> StepCall:
+        if isinstance(meta, MixedMetadata):
+            return bind_mixed(q, out, meta, kv_pool)
+        assert isinstance(meta, HybridMetadata)
+        return meta.backend.bind_layers(q, out, meta.inner, kv_pool)
 
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int, page_table: torch.Tensor | None = None,

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from radixserve.engine.attention.base import AttentionBackend, AttentionMetadata, StepLayout
+from radixserve.engine.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    StepCall,
+    StepLayout,
+)
 
 if TYPE_CHECKING:
     from radixserve.engine.kvcache.pool import KVCachePool
@@ -66,3 +71,17 @@ def attend_mixed(q: torch.Tensor, layer_id: int, meta: MixedMetadata, kv_pool: K
     meta.decode_backend.attend(q[:d], layer_id, meta.decode, kv_pool, out[:d])
     meta.prefill_backend.attend(q[d:], layer_id, meta.prefill, kv_pool, out[d:])
     return out
+
+
+def bind_mixed(q: torch.Tensor, out: torch.Tensor, meta: MixedMetadata,
+               kv_pool: KVCachePool) -> StepCall:
+    """`AttentionBackend.bind_layers` of a split step: each part bound to its rows once."""
+    d = meta.rows
+    decode = meta.decode_backend.bind_layers(q[:d], out[:d], meta.decode, kv_pool)
+    prefill = meta.prefill_backend.bind_layers(q[d:], out[d:], meta.prefill, kv_pool)
+
+    def call(layer_id: int) -> None:
+        decode(layer_id)
+        prefill(layer_id)
+
+    return call

@@ -142,3 +142,17 @@ def check_store(case: Case) -> None:
                                atol=0)
     torch.testing.assert_close(case.pool.v[LAYER][loc], case.v.to(case.pool.v.dtype), rtol=0,
                                atol=0)
+
+
+def assert_bound_layers_match(backend, case: Case, meta, out: torch.Tensor) -> None:
+    """`bind_layers` (the piecewise graphs' way: q and the output bound once a step) writes what
+    `attend` returned, at the layer it is called for: layer 0 holds nothing of this step, so a
+    call that ignores its layer_id reads the wrong keys."""
+    q = case.q.contiguous().clone()
+    got = torch.full_like(out, float("nan"))
+    call = backend.bind_layers(q, got, meta, case.pool)
+    call(LAYER)
+    torch.testing.assert_close(got, out, rtol=0, atol=0)
+    q.mul_(0.5)  # the bound call reads the buffer's contents when called, not when bound
+    call(LAYER)
+    torch.testing.assert_close(got, backend.attend(q, LAYER, meta, case.pool), rtol=0, atol=0)

@@ -14,7 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from attention_cases import LAYER, LAYERS, check_store, make_case, reference, rel_error
+from attention_cases import (
+    LAYER,
+    LAYERS,
+    assert_bound_layers_match,
+    check_store,
+    make_case,
+    reference,
+    rel_error,
+)
 from radixserve.engine.attention import StepLayout, create_backend, resolve_backend_name
 from radixserve.engine.attention.base import page_indices, pages_per_request
 from radixserve.engine.attention.mixed import MixedMetadata, split_layout
@@ -72,6 +80,7 @@ def test_a_step_of_decodes_and_prefill_splits_at_its_last_leading_decode_row(pag
         out = b.forward(case.q, case.k, case.v, LAYER, meta, case.pool)
         assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
         check_store(case)
+        assert_bound_layers_match(b, case, meta, out)
     for kind in ("prefill", "decode", "mixed"):  # nothing to split: no leading decode rows, or
         lay = make_case(kind, 5, page_size, NH, NKV, HD, torch.float32, CPU, seed=6).layout
         assert split_layout(lay) is None  # no prefill after them
@@ -307,9 +316,11 @@ def test_hybrid_graphs_follow_its_decode_backend(fake_fa2):
 def test_fa2_hybrids_match_float64(fake_fa2, backend, kind, page_size):
     b = create_backend(backend, NH, NKV, HD, CPU, torch.float32)
     case = make_case(kind, 5, page_size, NH, NKV, HD, torch.float32, CPU, seed=41)
-    out = b.forward(case.q, case.k, case.v, LAYER, b.prepare(case.layout), case.pool)
+    meta = b.prepare(case.layout)
+    out = b.forward(case.q, case.k, case.v, LAYER, meta, case.pool)
     assert rel_error(out, reference(case, HD**-0.5)) < 1e-5
     check_store(case)
+    assert_bound_layers_match(b, case, meta, out)
 
 
 def _graph_sizes(backend, page_size: int, **config: int) -> list[int]:

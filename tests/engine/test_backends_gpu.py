@@ -14,7 +14,15 @@ import dataclasses
 
 import pytest
 import torch
-from attention_cases import LAYER, backend_marks, check_store, make_case, reference, rel_error
+from attention_cases import (
+    LAYER,
+    assert_bound_layers_match,
+    backend_marks,
+    check_store,
+    make_case,
+    reference,
+    rel_error,
+)
 from radixserve.engine.attention import create_backend
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -43,6 +51,7 @@ def test_backend_matches_float64(backend, page_size, kind, batch):
         err = rel_error(out, reference(case, HD**-0.5))
         assert err < TOL, f"{backend} {kind} P={page_size} B={batch}: relative error {err:.2e}"
         check_store(case)
+        assert_bound_layers_match(b, case, meta, out)
 
 
 @pytest.mark.parametrize("backend", BACKENDS[1:3] + [
