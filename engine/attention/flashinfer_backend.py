@@ -110,7 +110,7 @@ class FlashInferBackend(AttentionBackend):
         self._decode = _Planner(
             flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD"))
         self._graphs: dict[int, _Planner] = {}
-        self._small: SmallBatchDecode | None = None  # decode graphs of a few rows, where set
+        self._small: SmallBatchDecode | None = None  # the decode graphs' kernel, where set
         self._dummy_page = -1
         # Prefill kernels called directly: decided at the first prefill plan (_form_direct).
         self._direct: DirectPrefill | None = None
@@ -235,7 +235,7 @@ class FlashInferBackend(AttentionBackend):
         dev = self.device
         rows = min(small_decode_rows, max_batch)
         if page_table is not None and rows > 0 and SmallBatchDecode.usable(dev, self.head_dim):
-            # graphs of a few rows: no plan, and no KV split that one row cannot fill
+            # graphs up to `rows` rows: no plan, and no KV split that one row cannot fill
             self._small = SmallBatchDecode(self.num_heads, self.num_kv_heads, self.head_dim,
                                            self.scale, rows, page_table)
         self._dummy_page, self._page_size = dummy_page, page_size

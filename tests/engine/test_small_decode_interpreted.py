@@ -1,9 +1,9 @@
 """The small-batch decode kernel (engine/attention/small_decode.py) run by Triton's interpreter
 on a CPU, against softmax attention in float64: rows that fit one program and rows split over
-several (merged by the last of their programs, which leaves the count at 0 for the next call), rows
-of one key, a tile boundary and past it, pages in shuffled order, padded rows, and a group of
-query heads that is not a power of two. On a GPU, tests/engine/test_backends_gpu.py runs it in
-CUDA graphs."""
+several (merged by the last of their programs, which leaves the count at 0 for the next call),
+rows never split (as at 64 rows and more), rows of one key, a tile boundary and past it, pages
+in shuffled order, padded rows, and a group of query heads that is not a power of two. On a GPU,
+tests/engine/test_backends_gpu.py runs it in CUDA graphs."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from radixserve.engine.attention.small_decode import BLOCK_N, SmallBatchDecode, 
 
 torch.manual_seed(0)
 HD, P, PAGES = 64, 16, 300
-# (query heads, KV heads, lengths): groups of 4, and of 3 (not a power of two)
-for NH, NKV, lens in ((8, 2, [1]), (8, 2, [BLOCK_N, BLOCK_N + 1]),
-                      (8, 2, [5, 300, 2 * BLOCK_N, 1000]), (6, 2, [5, 1000])):
+# (query heads, KV heads, lengths, programs): groups of 4, and of 3 (not a power of two); at 8
+# programs every row is one program a KV head (no split), as in graphs of 64 rows and more
+for NH, NKV, lens, programs in ((8, 2, [1], 512), (8, 2, [BLOCK_N, BLOCK_N + 1], 512),
+                                (8, 2, [5, 300, 2 * BLOCK_N, 1000], 512), (6, 2, [5, 1000], 512),
+                                (8, 2, [5, 300, 1000], 8)):
     k_pages = torch.randn(PAGES, P, NKV, HD)
     v_pages = torch.randn(PAGES, P, NKV, HD)
     B = len(lens)
@@ -28,7 +30,9 @@ for NH, NKV, lens in ((8, 2, [1]), (8, 2, [BLOCK_N, BLOCK_N + 1]),
         pages = order[(slot * 40) % PAGES:][: width // P].repeat(2)[: width // P]
         table[slot] = (pages[:, None] * P + torch.arange(P)).reshape(-1)[:width]
     slots = [B + 1 - i for i in range(B)]
-    small = SmallBatchDecode(NH, NKV, HD, HD ** -0.5, max_rows=B + 2, page_table=table)
+    small = SmallBatchDecode(NH, NKV, HD, HD ** -0.5, max_rows=B + 2, page_table=table,
+                             programs=programs)
+    assert (splits_for(B + 2, NKV, programs) == 1) == (programs == 8)
     small.plan(B + 2, slots, lens)  # two padded rows
     q = torch.randn(B + 2, NH, HD)
     out = torch.full((B + 2, NH, HD), float("nan"))
@@ -46,7 +50,7 @@ for NH, NKV, lens in ((8, 2, [1]), (8, 2, [BLOCK_N, BLOCK_N + 1]),
         s = torch.einsum("hd,nhd->hn", q[i].double(), k) * HD ** -0.5
         ref = torch.einsum("hn,nhd->hd", s.softmax(-1), v)
         err = ((out[i].double() - ref).norm() / ref.norm()).item()
-        assert err < 1e-5, (lens, n, err, splits_for(B + 2, NKV))
+        assert err < 1e-5, (lens, n, err, splits_for(B + 2, NKV, programs))
 print("small decode matches")
 """
 
