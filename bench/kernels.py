@@ -168,9 +168,11 @@ SMALL_DECODE_SHAPES = [(64, 512, 4), (64, 256, 4), (64, 1024, 4), (32, 512, 4), 
 
 
 def small_decode() -> list[dict[str, Any]]:
-    """Decode attention in CUDA graphs at a few rows: attention/small_decode.py's kernels against
-    FlashInfer's graph-mode decode (plan as the backend's), both launched with programmatic
-    dependent launch as in a served step; device us per call, and the largest difference."""
+    """Decode attention in CUDA graphs at 1-256 rows (the graphs that small_decode_rows gives the
+    Triton kernel): attention/small_decode.py's kernels against FlashInfer's graph-mode decode
+    (plan as the backend's), both launched with programmatic dependent launch as in a served
+    step; device us per call, and the largest difference. Past 32 rows only contexts of up to
+    2,048 keys (the KV of 256 rows of 2,048 keys is 2 GB)."""
     import flashinfer
     from radixserve.engine import pdl
     from radixserve.engine.attention.small_decode import SmallBatchDecode
@@ -181,8 +183,8 @@ def small_decode() -> list[dict[str, Any]]:
     nkv, hd, P = DECODE_NKV, DECODE_HD, DECODE_P
     rows = []
     for nh in (16, 32):
-        for B in (1, 2, 4, 8, 16, 32):
-            for ctx in (128, 512, 2048, 8192):
+        for B in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            for ctx in (128, 512, 2048, 8192) if B <= 32 else (512, 2048):
                 pages = B * ctx // P
                 kv_bytes = 2 * B * ctx * nkv * hd * 2
                 copies = max(1, min(64, (512 << 20) // kv_bytes))
