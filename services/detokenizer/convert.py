@@ -40,7 +40,8 @@ def step_from_pb(msg: pb.ProcessRequest) -> Step:
         )
         for o in msg.outputs
     ]
-    return Step(aborted=list(msg.aborted_ids), setups=setups, outputs=outputs)
+    return Step(aborted=list(msg.aborted_ids), setups=setups, outputs=outputs,
+                step_unix_ns=msg.step_unix_ns)
 
 
 def _add_delta(msg: pb.SubscribeResponse, delta: Delta) -> None:
@@ -60,8 +61,9 @@ def _add_delta(msg: pb.SubscribeResponse, delta: Delta) -> None:
             row.finish.stop_token_id = f.stop_token_id
 
 
-def deltas_to_pb(deltas: list[Delta]) -> pb.SubscribeResponse:
-    msg = pb.SubscribeResponse()
+def deltas_to_pb(deltas: list[Delta], step_unix_ns: int = 0) -> pb.SubscribeResponse:
+    """One step's deltas for a gateway, with the time the scheduler stated for the step."""
+    msg = pb.SubscribeResponse(step_unix_ns=step_unix_ns)
     for delta in deltas:
         _add_delta(msg, delta)
     return msg

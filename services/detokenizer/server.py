@@ -88,12 +88,13 @@ def _apply(state: DetokenizerState, request: pb.ProcessRequest, subscribers: set
     """Runs on the worker thread: convert, detokenize, convert back. (The step's deltas for each
     subscriber name that has any, the stop-string aborts for the scheduler or None.) A named
     subscriber gets its own requests' deltas and the unnamed requests'; "" gets them all."""
-    result = state.apply(convert.step_from_pb(request))
+    step = convert.step_from_pb(request)
+    result = state.apply(step)
     messages: dict[str, pb.SubscribeResponse] = {}
     for name in subscribers:
         deltas = [d for d in result.deltas if d.subscriber in (name, "")] if name else result.deltas
         if deltas:
-            messages[name] = convert.deltas_to_pb(deltas)
+            messages[name] = convert.deltas_to_pb(deltas, step.step_unix_ns)
     return messages, convert.aborts_to_pb(result.abort_ids) if result.abort_ids else None
 
 

@@ -49,6 +49,7 @@ class Step:
     aborted: Sequence[str] = ()
     setups: Sequence[Setup] = ()
     outputs: Sequence[Output] = ()
+    step_unix_ns: int = 0  # when the scheduler had the outputs (wall clock, ns); 0: unknown
 
 
 @dataclass(frozen=True)

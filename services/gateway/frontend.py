@@ -227,6 +227,8 @@ class Frontend(SchedulerEvents):
                 first_token_at = time.monotonic()
             completion[i] += len(item.token_ids)
             if item.token_ids or item.text:
+                if self._metrics is not None:
+                    self._metrics.on_token_handoff(item.step_unix_ns)
                 yield Delta(item.token_ids, item.text, item.logprobs, i)
             if item.finish is not None:
                 handle.done.add(i)
@@ -317,6 +319,10 @@ class Frontend(SchedulerEvents):
         handle = self._by_rid.get(output.rid)
         if handle is not None:
             handle.inbox.put_nowait(output)
+
+    def on_step(self, step_unix_ns: int) -> None:
+        if self._metrics is not None:
+            self._metrics.on_step_arrival(step_unix_ns)
 
     def on_lost(self, message: str) -> None:
         self._fail_all(grpc.StatusCode.UNAVAILABLE, message)

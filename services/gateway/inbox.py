@@ -47,7 +47,7 @@ def coalesce(items: list[Item]) -> list[Item]:
         if (isinstance(item, Output) and isinstance(last, Output) and item.rid == last.rid
                 and last.finish is None):
             out[-1] = Output(last.rid, last.token_ids + item.token_ids, last.text + item.text,
-                             last.logprobs + item.logprobs, item.finish)
+                             last.logprobs + item.logprobs, item.finish, last.step_unix_ns)
         else:
             out.append(item)
     return out

@@ -74,6 +74,8 @@ class SchedulerEvents:
     def on_accepted(self, rid: str) -> None: ...
     def on_rejected(self, rid: str, failure: Failure) -> None: ...
     def on_output(self, output: Output) -> None: ...
+    def on_step(self, step_unix_ns: int) -> None:
+        """A step's outputs arrived from a detokenizer (before its `on_output` calls)."""
     def on_replica_lost(self, replica: SchedulerReplica, message: str, gone: bool) -> None:
         """Its requests can no longer stream. `gone`: the scheduler itself, whose Submit stream
         ended (so it holds none of them any more); else the detokenizer behind it."""
@@ -100,7 +102,7 @@ class Links(ReplicaEvents):
         self.subscriber = uuid.uuid4().hex
         self.subscriptions = [
             DetokenizerSubscription(address, self.subscriber, self._on_output,
-                                    self._subscription_changed, metadata, retry_s)
+                                    self._subscription_changed, self._on_step, metadata, retry_s)
             for address in backends.detokenizers
         ]
         self.replicas: list[SchedulerReplica] = []
@@ -202,6 +204,9 @@ class Links(ReplicaEvents):
 
     def _on_output(self, output: Output) -> None:
         self.events.on_output(output)
+
+    def _on_step(self, step_unix_ns: int) -> None:
+        self.events.on_step(step_unix_ns)
 
     def _tokenizer_changed(self, tokenizer: TokenizerLink) -> None:
         if not tokenizer.connected and self.ready:

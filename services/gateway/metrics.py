@@ -1,8 +1,10 @@
-"""Prometheus metrics of the gateway: requests by status, TTFT / TPOT / E2E latency, and each
-scheduler replica's state and load (label `replica`: its address)."""
+"""Prometheus metrics of the gateway: requests by status, TTFT / TPOT / E2E latency, how long a
+step's tokens take from the scheduler to the client streams, and each scheduler replica's state
+and load (label `replica`: its address)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -15,6 +17,9 @@ _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
 )
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+# a fraction of a decode step to many steps
+_HOP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
+                1.024)
 
 
 class GatewayMetrics:
@@ -52,6 +57,22 @@ class GatewayMetrics:
         self.completion_tokens = Counter(
             "radixserve_completion_tokens", "Generated tokens", registry=self.registry
         )
+        # Both from the scheduler's wall clock to this gateway's: on two hosts, their skew too.
+        self.step_arrival = Histogram(
+            "radixserve_step_arrival_delay_seconds",
+            "From the scheduler having an engine step's outputs to this gateway receiving them "
+            "from the detokenizer",
+            buckets=_HOP_BUCKETS,
+            registry=self.registry,
+        )
+        self.token_handoff = Histogram(
+            "radixserve_token_handoff_delay_seconds",
+            "From the scheduler having an engine step's outputs to this gateway handing a "
+            "stream's message with them to gRPC (the earliest step of a message that joins "
+            "several)",
+            buckets=_HOP_BUCKETS,
+            registry=self.registry,
+        )
         self.routed = Counter(
             "radixserve_replica_routed_requests", "Completions sent to each scheduler replica",
             ["replica"], registry=self.registry,
@@ -71,6 +92,14 @@ class GatewayMetrics:
             self.ttft.observe(ttft_s)
             if completion_tokens > 1:
                 self.tpot.observe((e2e_s - ttft_s) / (completion_tokens - 1))
+
+    def on_step_arrival(self, step_unix_ns: int) -> None:
+        if step_unix_ns:
+            self.step_arrival.observe(max(0, time.time_ns() - step_unix_ns) / 1e9)
+
+    def on_token_handoff(self, step_unix_ns: int) -> None:
+        if step_unix_ns:
+            self.token_handoff.observe(max(0, time.time_ns() - step_unix_ns) / 1e9)
 
     def serve_http(self, port: int, host: str = "0.0.0.0") -> None:
         start_http_server(port, addr=host, registry=self.registry)

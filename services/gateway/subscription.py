@@ -26,6 +26,7 @@ class DetokenizerSubscription:
         subscriber: str,
         on_output: Callable[[Output], None],
         on_change: Callable[[DetokenizerSubscription], None],
+        on_step: Callable[[int], None] = lambda step_unix_ns: None,
         metadata: tuple[tuple[str, str], ...] = (),
         retry_s: float = 0.5,
     ) -> None:
@@ -33,6 +34,7 @@ class DetokenizerSubscription:
         self._subscriber = subscriber  # this gateway's name: the detokenizer sends only its deltas
         self._on_output = on_output
         self._on_change = on_change
+        self._on_step = on_step  # once per step's message, with the step's time
         self._md = metadata
         self._retry_s = retry_s
         self.connected = False
@@ -64,8 +66,9 @@ class DetokenizerSubscription:
             await call.wait_for_connection()
             self._set(True)
             log.info("detokenizer %s subscribed", self.address)
-            on_output = self._on_output
+            on_output, on_step = self._on_output, self._on_step
             async for response in call:
+                on_step(convert.step_time_from_pb(response))
                 for output in convert.outputs_from_pb(response):
                     on_output(output)
             raise Lost("the detokenizer closed the stream")

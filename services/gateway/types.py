@@ -115,6 +115,9 @@ class Output(NamedTuple):
     text: str
     logprobs: list[Any]  # internal TokenLogprobs messages, converted at the edge
     finish: Finish | None
+    # when the scheduler had the engine step that made it (wall clock, ns; 0: not stated): of the
+    # first of them once several are joined (inbox.coalesce)
+    step_unix_ns: int = 0
 
 
 class JobResult(NamedTuple):

@@ -93,6 +93,7 @@ def _logprobs_to_pb(logprobs: Sequence[Any] | None) -> list[detok_pb.TokenLogpro
 
 def step_to_pb(batch: StepBatch) -> detok_pb.ProcessRequest:
     msg = detok_pb.ProcessRequest(
+        step_unix_ns=batch.step_unix_ns,
         aborted_ids=batch.aborted,
         setups=[
             # Only the prompt's tail matters as decoding context; the rest would be wasted bytes.

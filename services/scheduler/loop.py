@@ -195,7 +195,8 @@ class EngineLoop:
             if out.finish_reason is not None:
                 self._owner.pop(out.rid, None)
         if outputs or it.aborted or it.setups:
-            self._sink.on_step(StepBatch(it.aborted, list(it.setups.values()), outputs))
+            self._sink.on_step(StepBatch(it.aborted, list(it.setups.values()), outputs,
+                                         time.time_ns()))
         if not (commands or outputs):
             return was_busy
         self.stats = {**engine.stats(), "engine_steps_total": self._steps}

@@ -72,3 +72,4 @@ class StepBatch(NamedTuple):
     aborted: list[str]
     setups: list[NewRequest]
     outputs: list[Any]  # engine StepOutput
+    step_unix_ns: int = 0  # when the step's outputs were in hand (wall clock, ns): 0 unknown

@@ -14,7 +14,7 @@ def _logprobs() -> list[pb.TokenLogprobs]:
 
 
 def test_step_rows_reach_the_state() -> None:
-    msg = pb.ProcessRequest(aborted_ids=["gone"])
+    msg = pb.ProcessRequest(aborted_ids=["gone"], step_unix_ns=99)
     setup = msg.setups.add(request_id="new", prompt_ids=[1, 2, 3])
     setup.options.stop.append("END")
     setup.options.include_stop_str = True
@@ -26,7 +26,7 @@ def test_step_rows_reach_the_state() -> None:
 
     step = convert.step_from_pb(msg)
 
-    assert list(step.aborted) == ["gone"]
+    assert list(step.aborted) == ["gone"] and step.step_unix_ns == 99
     (s,) = step.setups
     assert (s.rid, list(s.prompt_ids), s.stop, s.include_stop_str, s.subscriber) == (
         "new", [1, 2, 3], ("END",), True, "g1")
@@ -45,7 +45,8 @@ def test_deltas_reach_the_gateway_with_every_field() -> None:
         Delta("tok", [2], "", finish=Finish("stop_token", None, 2, 9, 4, 0)),
         Delta("len", [], "", finish=Finish("length", None, None, 9, 5, 0)),
     ]
-    msg = pb.SubscribeResponse.FromString(convert.deltas_to_pb(deltas).SerializeToString())
+    msg = pb.SubscribeResponse.FromString(convert.deltas_to_pb(deltas, 99).SerializeToString())
+    assert msg.step_unix_ns == 99  # the scheduler's time for the step, for the gateways' metrics
 
     plain, lp, by_string, by_token, by_length = msg.deltas
     assert (plain.request_id, list(plain.token_ids), plain.text) == ("plain", [11], " hi")

@@ -23,9 +23,10 @@ def test_a_step_of_deltas_reads_into_outputs() -> None:
         detok_pb.RequestDelta(request_id="c", finish=detok_pb.Finish(
             reason=detok_pb.FINISH_REASON_STOP_TOKEN, stop_token_id=7)),
         detok_pb.RequestDelta(request_id="d", finish=detok_pb.Finish(reason=99)),
-    ])
+    ], step_unix_ns=42)
     a, b, c, d = convert.outputs_from_pb(msg)
-    assert a == Output("a", [1, 2], "hi", [], None)
+    assert a == Output("a", [1, 2], "hi", [], None, 42)
+    assert convert.step_time_from_pb(msg) == 42 and d.step_unix_ns == 42
     assert b.finish == Finish("stop_string", "!", None, 3, 2)
     assert c.finish == Finish("stop_token", None, 7, 0, 0)
     assert d.finish is not None and d.finish.reason == "aborted"

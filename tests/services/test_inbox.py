@@ -7,7 +7,7 @@ from radixserve.services.gateway.types import Finish, Output
 
 def _output(ids: list[int], text: str, finish: bool = False) -> Output:
     done = Finish("length", None, None, 5, 0) if finish else None
-    return Output("r", ids, text, [-float(i) for i in ids], done)
+    return Output("r", ids, text, [-float(i) for i in ids], done, step_unix_ns=ids[0])
 
 
 def test_gateway_joins_the_outputs_a_slow_stream_left_queued() -> None:
@@ -23,6 +23,7 @@ def test_gateway_joins_the_outputs_a_slow_stream_left_queued() -> None:
     assert isinstance(first, Output) and isinstance(last, Output)
     assert first.token_ids == [1, 2, 3] and first.text == "abc" and first.finish is None
     assert first.logprobs == [-1.0, -2.0, -3.0]
+    assert first.step_unix_ns == 1  # the earliest step's: how long its first token waited
     assert last.token_ids == [4, 5] and last.text == "dé"
     assert last.finish is not None and last.finish.completion_tokens == 5
     assert out[3].token_ids == [6]  # type: ignore[union-attr]  # nothing joins after a finish

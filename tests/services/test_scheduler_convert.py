@@ -19,8 +19,9 @@ def test_step_message_carries_every_row_field() -> None:
         StepOutput("long", [5], None, "length", None, 3, 0),
     ]
     setup = NewRequest("new", list(range(1000)), SamplingParams(), passthrough=None)
-    msg = convert.step_to_pb(StepBatch(["gone"], [setup], rows))
+    msg = convert.step_to_pb(StepBatch(["gone"], [setup], rows, 1_700_000_000_123_456_789))
 
+    assert msg.step_unix_ns == 1_700_000_000_123_456_789  # the gateways time the hops from it
     assert list(msg.aborted_ids) == ["gone"]
     assert msg.setups[0].request_id == "new"
     assert len(msg.setups[0].prompt_ids) < 1000  # only the prompt's tail travels

@@ -65,6 +65,27 @@ def test_client_cancel_aborts_in_engine_and_frees_every_map(demo_path: str, n: i
     run_in_process(demo_path, body, step_delay_s=0.01)
 
 
+def test_gateway_times_each_step_from_the_scheduler_to_the_streams(demo_path: str) -> None:
+    """The step time the scheduler stamps reaches the gateway through the detokenizer: one
+    arrival per step, one hand-off per message, each shorter than the whole call took."""
+    async def body(stack: InProcess, stub: Any) -> None:
+        start = time.monotonic()
+        res = await acollect(stub, request([5], max_new_tokens=6))
+        took = time.monotonic() - start
+        assert res.code == grpc.StatusCode.OK and len(res.token_ids) == 6
+        registry = stack.gateway.metrics.registry
+
+        def sample(name: str, suffix: str) -> float:
+            return registry.get_sample_value(f"radixserve_{name}_delay_seconds_{suffix}") or 0.0
+
+        assert sample("token_handoff", "count") >= 1  # messages may join tokens
+        assert sample("step_arrival", "count") >= sample("token_handoff", "count")
+        for name in ("token_handoff", "step_arrival"):
+            assert 0 <= sample(name, "sum") <= took * sample(name, "count")
+
+    run_in_process(demo_path, body, step_delay_s=0.01)
+
+
 def test_deadline_aborts_in_engine(demo_path: str) -> None:
     async def body(stack: InProcess, stub: Any) -> None:
         res = await acollect(stub, request([5], max_new_tokens=10_000 // 100), timeout=0.3)

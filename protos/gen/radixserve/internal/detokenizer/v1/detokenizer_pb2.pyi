@@ -79,14 +79,16 @@ class TokenOutput(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., matched_stop_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class ProcessRequest(_message.Message):
-    __slots__ = ("aborted_ids", "setups", "outputs")
+    __slots__ = ("aborted_ids", "setups", "outputs", "step_unix_ns")
     ABORTED_IDS_FIELD_NUMBER: _ClassVar[int]
     SETUPS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     aborted_ids: _containers.RepeatedScalarFieldContainer[str]
     setups: _containers.RepeatedCompositeFieldContainer[RequestSetup]
     outputs: _containers.RepeatedCompositeFieldContainer[TokenOutput]
-    def __init__(self, aborted_ids: _Optional[_Iterable[str]] = ..., setups: _Optional[_Iterable[_Union[RequestSetup, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TokenOutput, _Mapping]]] = ...) -> None: ...
+    step_unix_ns: int
+    def __init__(self, aborted_ids: _Optional[_Iterable[str]] = ..., setups: _Optional[_Iterable[_Union[RequestSetup, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TokenOutput, _Mapping]]] = ..., step_unix_ns: _Optional[int] = ...) -> None: ...
 
 class ProcessResponse(_message.Message):
     __slots__ = ("abort_ids",)
@@ -131,10 +133,12 @@ class RequestDelta(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
-    __slots__ = ("deltas",)
+    __slots__ = ("deltas", "step_unix_ns")
     DELTAS_FIELD_NUMBER: _ClassVar[int]
+    STEP_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     deltas: _containers.RepeatedCompositeFieldContainer[RequestDelta]
-    def __init__(self, deltas: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ...) -> None: ...
+    step_unix_ns: int
+    def __init__(self, deltas: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ..., step_unix_ns: _Optional[int] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
