@@ -193,17 +193,11 @@ def _finish_from_pb(f: detok_pb.Finish) -> Finish:
 
 def outputs_from_pb(msg: detok_pb.SubscribeResponse) -> list[Output]:
     """One processed engine step's deltas, in order."""
-    step_ns = msg.step_unix_ns
     return [
         Output(d.request_id, list(d.token_ids), d.text, list(d.logprobs),
-               _finish_from_pb(d.finish) if d.HasField("finish") else None, step_ns)
+               _finish_from_pb(d.finish) if d.HasField("finish") else None, msg.step_unix_ns)
         for d in msg.deltas
     ]
-
-
-def step_time_from_pb(msg: detok_pb.SubscribeResponse) -> int:
-    """When the scheduler had the step (wall clock, ns); 0 when it did not say."""
-    return msg.step_unix_ns
 
 
 def submit_to_pb(requests: list[sched_pb.NewRequest], abort_ids: list[str]

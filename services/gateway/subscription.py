@@ -68,8 +68,10 @@ class DetokenizerSubscription:
             log.info("detokenizer %s subscribed", self.address)
             on_output, on_step = self._on_output, self._on_step
             async for response in call:
-                on_step(convert.step_time_from_pb(response))
-                for output in convert.outputs_from_pb(response):
+                outputs = convert.outputs_from_pb(response)
+                if outputs:  # (the detokenizer sends no empty step)
+                    on_step(outputs[0].step_unix_ns)
+                for output in outputs:
                     on_output(output)
             raise Lost("the detokenizer closed the stream")
         finally:
