@@ -26,7 +26,7 @@ class DetokenizerSubscription:
         subscriber: str,
         on_output: Callable[[Output], None],
         on_change: Callable[[DetokenizerSubscription], None],
-        on_step: Callable[[int], None] = lambda step_unix_ns: None,
+        on_step: Callable[[int], None],
         metadata: tuple[tuple[str, str], ...] = (),
         retry_s: float = 0.5,
     ) -> None:
