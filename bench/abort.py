@@ -18,35 +18,25 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import grpc
-from radixserve.bench.process import (
-    add_stack_args,
-    free_port_block,
-    parse_stack_args,
-    percentiles,
-    stack,
-)
+from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
+from radixserve.bench.prometheus import Reading, served_metrics
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
-_METRIC = re.compile(r"^(radixserve_running_requests|radixserve_engine_steps_total) (\S+)$",
-                     re.MULTILINE)
 
 
 def scrape(url: str) -> tuple[int, int]:
     """(running requests, engine steps) from the scheduler's metrics."""
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        found = dict(_METRIC.findall(reply.read().decode()))
-    return (int(float(found["radixserve_running_requests"])),
-            int(float(found["radixserve_engine_steps_total"])))
+    reading = Reading.take([url])
+    return (int(reading.total("radixserve_running_requests")),
+            int(reading.total("radixserve_engine_steps_total")))
 
 
 class _Streams:
@@ -159,13 +149,6 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
             "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)}}
 
 
-def _gateways(serve_flags: list[str]) -> int:
-    """The gateway processes `radixserve serve SERVE_FLAGS` starts, as serve itself parses them."""
-    from radixserve.services.cli import build_parser
-
-    return build_parser().parse_args(["serve", *serve_flags]).gateways
-
-
 def _p99(values: list[int]) -> int:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -207,12 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need 0 < --cancels <= --running")
     url, serve_flags = args.metrics, extra
     if args.launch:
-        gateways = _gateways(extra)
-        port = free_port_block(gateways + 1)  # the gateways' metrics, then the scheduler's
-        serve_flags = ["--max-running-requests", str(args.running), "--metrics-port", str(port),
-                       *extra]
-        # gateway i serves metrics on port + i, the scheduler on the port after the gateways'
-        url = f"http://127.0.0.1:{port + gateways}/metrics"
+        serve_flags, _, schedulers = served_metrics(
+            ["--max-running-requests", str(args.running), *extra])
+        url = schedulers[0]
     with stack(args, serve_flags) as (target, _):
         result = measure(target, url, args.running, args.cancels, args.output_len,
                          channels=args.channels, read=not args.unread)

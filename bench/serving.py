@@ -14,6 +14,14 @@ Metrics follow vLLM / SGLang definitions:
           ("srv cached": the same from GetServerInfo's totals before and after the level).
 GetServerInfo is polled during each level; a server with several scheduler replicas gets a table
 per level of each one's routed requests, peak running / waiting and cache share.
+The services' Prometheus endpoints (--launch: always; --target: --metrics) are read before and
+after each level, for the plane's own timing:
+  step      the level's time / the engine steps each scheduler replica ran in it (mixed steps
+            included), so TPOT ÷ step is what the plane adds to the engine's pace;
+  arrival   scheduler has a step's outputs -> a gateway receives them from the detokenizer;
+  handoff   the same -> a gateway hands a stream's message with them to gRPC
+            (each per step / per message, from the gateways' histograms: quantiles within buckets
+            that double from 0.5 ms).
 --compare-routing runs the whole thing once per routing policy, each on a fresh --launch'ed server
 (`serve --routing P` and the flags after --), and ends with one table side by side.
 """
@@ -24,6 +32,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 import time
@@ -39,6 +48,7 @@ from radixserve.bench.process import (
     service_pids,
     stack,
 )
+from radixserve.bench.prometheus import Reading, observed_ms, served_metrics
 from radixserve.bench.server_info import (
     POLL_INTERVAL_S,
     ReplicaLoad,
@@ -119,6 +129,23 @@ class LevelResult:
     replicas: list[ReplicaLoad]  # one per scheduler replica GetServerInfo reports
     # CPU time of each service of a --launch'ed stack during the level, in cores (1.0: one core)
     service_cores: dict[str, float] = dataclasses.field(default_factory=dict)
+    # From the services' metrics (none read: empty): step_ms, arrival_ms and handoff_ms (module doc)
+    plane: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+STEPS = "radixserve_engine_steps_total"
+HOPS = {"arrival_ms": "radixserve_step_arrival_delay_seconds",
+        "handoff_ms": "radixserve_token_handoff_delay_seconds"}
+
+
+def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str, Any]:
+    """The plane's figures of a level from readings of the services' metrics around it."""
+    replicas = sum(1 for e in after.endpoints if (STEPS, ()) in e)
+    steps = after.total(STEPS) - before.total(STEPS)
+    out: dict[str, Any] = {"step_ms": duration_s * replicas / steps * 1e3 if steps > 0 else math.nan}
+    for key, histogram in HOPS.items():
+        out[key] = observed_ms(before, after, histogram)
+    return out
 
 
 def _workload(cfg: BenchConfig, vocab: int, level: int = 0) -> Work:
@@ -131,18 +158,28 @@ def _workload(cfg: BenchConfig, vocab: int, level: int = 0) -> Work:
                        cfg.seed + level)
 
 
+@dataclass(frozen=True)
+class Probes:
+    """What a level reads of the server besides its streams: the services' pids (name -> pid; CPU
+    time) and Prometheus endpoints (URLs; the plane's timing). Either may be empty."""
+
+    pids: dict[str, int] = dataclasses.field(default_factory=dict)
+    metrics: list[str] = dataclasses.field(default_factory=list)
+
+
 async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchConfig,
-                 concurrency: int, work: Work, rate: float,
-                 pids: dict[str, int] | None = None) -> LevelResult:
+                 concurrency: int, work: Work, rate: float, probes: Probes) -> LevelResult:
     shape = Shape(concurrency, rate, cfg.temperature, cfg.n, cfg.seed + concurrency, cfg.channels)
-    pids = pids or {}
+    pids = probes.pids
     async with ServerWatch(stub, cfg.poll_interval_s) as watch:
+        metrics_before = await asyncio.to_thread(Reading.take, probes.metrics)
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         began = time.perf_counter()
         records = await pool.send(work, shape)
         duration = time.perf_counter() - began
         cores = {name: (cpu_seconds(pid) - cpu_before[name]) / duration
                  for name, pid in pids.items()}
+        metrics_after = await asyncio.to_thread(Reading.take, probes.metrics)
     done = [r for r in records if r.ok]
     for r in records:
         if not r.ok:
@@ -163,16 +200,17 @@ async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchCo
                                   sum(r.prompt_tokens for r in done)),
         server_cached_share=watch.cached_share, routing=watch.last.routing,
         replicas=watch.replicas(), service_cores=cores,
+        plane=plane_timing(metrics_before, metrics_after, duration) if probes.metrics else {},
     )
 
 
-async def run(cfg: BenchConfig, pids: dict[str, int] | None = None) -> list[LevelResult]:
-    """The levels of `cfg`; `pids` (service name -> pid) get their CPU time measured per level."""
+async def run(cfg: BenchConfig, probes: Probes | None = None) -> list[LevelResult]:
+    """The levels of `cfg`, each measuring what `probes` names."""
     channels = open_channels(cfg.target, cfg.channels)
     stubs = [pb_grpc.GenerateServiceStub(c) for c in channels]
     pool = LoadPool(cfg.target, stubs, cfg.processes)
     try:
-        return await _run(cfg, pool, stubs[0], pids)
+        return await _run(cfg, pool, stubs[0], probes or Probes())
     finally:
         pool.close()
         for channel in channels:
@@ -180,7 +218,7 @@ async def run(cfg: BenchConfig, pids: dict[str, int] | None = None) -> list[Leve
 
 
 async def _run(cfg: BenchConfig, pool: LoadPool, stub: pb_grpc.GenerateServiceStub,
-               pids: dict[str, int] | None) -> list[LevelResult]:
+               probes: Probes) -> list[LevelResult]:
     vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
     server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
     # Warm the path end to end with prompts no level sends: one per replica, sent together so
@@ -192,12 +230,12 @@ async def _run(cfg: BenchConfig, pool: LoadPool, stub: pb_grpc.GenerateServiceSt
     results = []
     for level, c in enumerate(cfg.concurrencies):
         work = _workload(cfg, vocab, level)
-        results.append(await _level(pool, stub, cfg, c, work, cfg.request_rate, pids))
+        results.append(await _level(pool, stub, cfg, c, work, cfg.request_rate, probes))
     peak = max(r.request_s for r in results)
     for level, fraction in enumerate(cfg.rate_fractions, start=len(results)):
         work = _workload(cfg, vocab, level)
         results.append(await _level(pool, stub, cfg, max(cfg.concurrencies), work,
-                                    fraction * peak, pids))
+                                    fraction * peak, probes))
     return results
 
 
@@ -236,13 +274,32 @@ def format_cores(results: list[LevelResult]) -> str:
     return "\n".join(rows)
 
 
+def format_plane(results: list[LevelResult]) -> str:
+    """Each level's plane timing (module doc). Empty when no metrics were read."""
+    if not any(r.plane for r in results):
+        return ""
+    head = (f"{'conc':>5} {'rate':>6} {'step':>6} {'TPOT p50/step':>13} "
+            f"{'arrival mean/p50/p90/p99':>26} {'handoff mean/p50/p90/p99':>26}")
+    rows = ["the plane per level, ms (step: the level's time / engine steps; arrival, handoff: "
+            "from the scheduler having a step's outputs to a gateway)", head, "-" * len(head)]
+    for r in results:
+        if not r.plane:
+            continue
+        step = r.plane["step_ms"]
+        hops = ["/".join(f"{r.plane[k][q]:.1f}" for q in ("mean", "p50", "p90", "p99"))
+                for k in HOPS]
+        rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} {step:>6.2f} "
+                    f"{r.tpot_ms['p50'] / step:>13.2f} {hops[0]:>26} {hops[1]:>26}")
+    return "\n".join(rows)
+
+
 def format_report(results: list[LevelResult]) -> str:
-    """The table, each service's CPU (a --launch'ed stack), then each level's replicas when the
-    server reports any."""
+    """The table, each service's CPU (a --launch'ed stack), the plane's timing (metrics read),
+    then each level's replicas when the server reports any."""
     parts = [format_table(results)]
-    cores = format_cores(results)
-    if cores:
-        parts.append(f"\n{cores}")
+    for table in (format_cores(results), format_plane(results)):
+        if table:
+            parts.append(f"\n{table}")
     for r in results:
         if r.replicas:
             routing = f", routing {r.routing}" if r.routing else ""
@@ -314,13 +371,18 @@ def routing_runs(args: argparse.Namespace, cfg: BenchConfig, serve_flags: list[s
                  policies: list[str] | None) -> dict[str, list[LevelResult]]:
     """The levels of `cfg` per routing policy, each on a stack of its own started with
     `--routing P` after `serve_flags`; without policies, one run keyed by "" on the stack as
-    given (--target, or --launch with `serve_flags`)."""
+    given (--target and its --metrics, or --launch with `serve_flags` and metrics ports)."""
     runs = {}
     for policy in policies or [""]:
         flags = [*serve_flags, "--routing", policy] if policy else serve_flags
+        probes = Probes(metrics=[u for u in (args.metrics or "").split(",") if u])
+        if args.launch:
+            flags, gateways, schedulers = served_metrics(flags)
+            probes = Probes(metrics=gateways + schedulers)
         with stack(args, flags) as (target, proc):
-            pids = service_pids(proc.pid) if proc is not None else None
-            runs[policy] = asyncio.run(run(dataclasses.replace(cfg, target=target), pids))
+            if proc is not None:
+                probes = dataclasses.replace(probes, pids=service_pids(proc.pid))
+            runs[policy] = asyncio.run(run(dataclasses.replace(cfg, target=target), probes))
         reported = {r.routing for r in runs[policy]} - {""}
         if policy and reported - {policy}:
             print(f"asked for routing {policy}, the server reports {sorted(reported)}",
@@ -371,6 +433,10 @@ def main(argv: list[str] | None = None) -> int:
                    metavar="POLICIES",
                    help="with --launch: run once per routing policy (default all: "
                         f"{','.join(ROUTING_POLICIES)}), each on a fresh server")
+    p.add_argument("--metrics", default=None, metavar="URLS",
+                   help="with --target: the services' Prometheus endpoints, comma-separated "
+                        "(the gateways' and the schedulers', http://HOST:PORT/metrics), read "
+                        "around each level; --launch finds its own")
     p.add_argument("--offline-baseline", action="store_true",
                    help="first run the same requests through the offline engine (--model, the "
                         "engine flags given to serve after --) and report the ratio")

@@ -240,6 +240,19 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     (two,) = asyncio.run(bench_serving.run(cfg))
     assert two.completed == 6 and round(two.output_tok_s * two.duration_s) == 48
     assert two.itl_ms["p50"] > 0
+    # The plane's timing from the gateway's and the scheduler's metrics around the level: every
+    # step and message of its 6 x 4 tokens counted once (the first tokens' steps included).
+    urls = [f"http://127.0.0.1:{stack.metrics_port + i}/metrics" for i in (0, 1)]
+    cfg = bench_serving.BenchConfig(stack.target, (3,), num_prompts=6, input_len=16, output_len=4,
+                                    range_ratio=0.0, request_rate=float("inf"), temperature=0.0,
+                                    seed=1)
+    (timed,) = asyncio.run(bench_serving.run(cfg, bench_serving.Probes(metrics=urls)))
+    plane = timed.plane
+    assert 0 < plane["step_ms"] < timed.duration_s * 1e3
+    assert 6 <= plane["handoff_ms"]["count"] <= 24  # a message carries one token or several
+    assert 4 <= plane["arrival_ms"]["count"] <= plane["handoff_ms"]["count"]
+    assert 0 <= plane["handoff_ms"]["mean"] < timed.duration_s * 1e3
+    assert "TPOT p50/step" in bench_serving.format_plane([timed])
 
 
 def test_internal_services_are_private_and_need_the_secret(stack: Stack) -> None:
