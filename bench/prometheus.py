@@ -1,4 +1,4 @@
-"""What the service benchmarks read from the services' Prometheus endpoints (`serve --metrics-port`):
+"""What the service benchmarks read from the services' Prometheus endpoints (serve --metrics-port):
 one scrape of several endpoints, counters summed over them, and the histogram of what was observed
 between two scrapes, with its quantiles estimated as Prometheus' `histogram_quantile` does (linear
 within a bucket).

@@ -142,7 +142,8 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     """The plane's figures of a level from readings of the services' metrics around it."""
     replicas = sum(1 for e in after.endpoints if (STEPS, ()) in e)
     steps = after.total(STEPS) - before.total(STEPS)
-    out: dict[str, Any] = {"step_ms": duration_s * replicas / steps * 1e3 if steps > 0 else math.nan}
+    step_ms = duration_s * replicas / steps * 1e3 if steps > 0 else math.nan
+    out: dict[str, Any] = {"step_ms": step_ms}
     for key, histogram in HOPS.items():
         out[key] = observed_ms(before, after, histogram)
     return out
