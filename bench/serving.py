@@ -18,10 +18,12 @@ The services' Prometheus endpoints (--launch: always; --target: --metrics) are r
 after each level, for the plane's own timing:
   step      the level's time / the engine steps each scheduler replica ran in it (mixed steps
             included), so TPOT ÷ step is what the plane adds to the engine's pace;
-  arrival   scheduler has a step's outputs -> a gateway receives them from the detokenizer;
-  handoff   the same -> a gateway hands a stream's message with them to gRPC
-            (each per step / per message, from the gateways' histograms: quantiles within buckets
-            that double from 0.5 ms).
+  and how long after the scheduler had a step's outputs they were at each point on the way:
+  received  the detokenizer received the step;   detokenized  it had detokenized it;
+  arrival   a gateway received the step's deltas from the detokenizer;
+  handoff   a gateway handed a stream's message with them to gRPC
+            (per step, the handoff per message, from the gateways' histograms: quantiles within
+            buckets that double from 0.5 ms).
 --compare-routing runs the whole thing once per routing policy, each on a fresh --launch'ed server
 (`serve --routing P` and the flags after --), and ends with one table side by side.
 """
@@ -129,12 +131,14 @@ class LevelResult:
     replicas: list[ReplicaLoad]  # one per scheduler replica GetServerInfo reports
     # CPU time of each service of a --launch'ed stack during the level, in cores (1.0: one core)
     service_cores: dict[str, float] = dataclasses.field(default_factory=dict)
-    # From the services' metrics (none read: empty): step_ms, arrival_ms and handoff_ms (module doc)
+    # From the services' metrics (none read: empty): step_ms and each of HOPS (module doc)
     plane: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 STEPS = "radixserve_engine_steps_total"
-HOPS = {"arrival_ms": "radixserve_step_arrival_delay_seconds",
+HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
+        "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
+        "arrival_ms": "radixserve_step_arrival_delay_seconds",
         "handoff_ms": "radixserve_token_handoff_delay_seconds"}
 
 
@@ -279,18 +283,18 @@ def format_plane(results: list[LevelResult]) -> str:
     """Each level's plane timing (module doc). Empty when no metrics were read."""
     if not any(r.plane for r in results):
         return ""
+    names = [k.removesuffix("_ms") for k in HOPS]
     head = (f"{'conc':>5} {'rate':>6} {'step':>6} {'TPOT p50/step':>13} "
-            f"{'arrival mean/p50/p90/p99':>26} {'handoff mean/p50/p90/p99':>26}")
-    rows = ["the plane per level, ms (step: the level's time / engine steps; arrival, handoff: "
-            "from the scheduler having a step's outputs to a gateway)", head, "-" * len(head)]
+            + " ".join(f"{name + ' mean/p50/p99':>26}" for name in names))
+    rows = ["the plane per level, ms (step: the level's time / engine steps; the others: from the "
+            "scheduler having a step's outputs to each point on its way)", head, "-" * len(head)]
     for r in results:
         if not r.plane:
             continue
         step = r.plane["step_ms"]
-        hops = ["/".join(f"{r.plane[k][q]:.1f}" for q in ("mean", "p50", "p90", "p99"))
-                for k in HOPS]
+        hops = ["/".join(f"{r.plane[k][q]:.1f}" for q in ("mean", "p50", "p99")) for k in HOPS]
         rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} {step:>6.2f} "
-                    f"{r.tpot_ms['p50'] / step:>13.2f} {hops[0]:>26} {hops[1]:>26}")
+                    f"{r.tpot_ms['p50'] / step:>13.2f} " + " ".join(f"{h:>26}" for h in hops))
     return "\n".join(rows)
 
 

@@ -61,9 +61,12 @@ def _add_delta(msg: pb.SubscribeResponse, delta: Delta) -> None:
             row.finish.stop_token_id = f.stop_token_id
 
 
-def deltas_to_pb(deltas: list[Delta], step_unix_ns: int = 0) -> pb.SubscribeResponse:
-    """One step's deltas for a gateway, with the time the scheduler stated for the step."""
-    msg = pb.SubscribeResponse(step_unix_ns=step_unix_ns)
+def deltas_to_pb(deltas: list[Delta], step_unix_ns: int = 0, received_unix_ns: int = 0,
+                 detokenized_unix_ns: int = 0) -> pb.SubscribeResponse:
+    """One step's deltas for a gateway, with the time the scheduler stated for the step and the
+    times this service received and detokenized it."""
+    msg = pb.SubscribeResponse(step_unix_ns=step_unix_ns, received_unix_ns=received_unix_ns,
+                               detokenized_unix_ns=detokenized_unix_ns)
     for delta in deltas:
         _add_delta(msg, delta)
     return msg

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -49,9 +50,10 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         log.info("scheduler stream opened")
         try:
             async for request in request_iterator:
+                received = time.time_ns()
                 names = set(self._subscribers.values())
                 deltas, aborts = await loop.run_in_executor(self._worker, _apply, state, request,
-                                                            names)
+                                                            names, received)
                 for queue, name in self._subscribers.items():
                     message = deltas.get(name)
                     if message is not None:
@@ -83,18 +85,21 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         return convert.stats_to_pb(self.live_requests, len(self._subscribers))
 
 
-def _apply(state: DetokenizerState, request: pb.ProcessRequest, subscribers: set[str]
-           ) -> tuple[dict[str, pb.SubscribeResponse], pb.ProcessResponse | None]:
+def _apply(state: DetokenizerState, request: pb.ProcessRequest, subscribers: set[str],
+           received_unix_ns: int) -> tuple[dict[str, pb.SubscribeResponse],
+                                           pb.ProcessResponse | None]:
     """Runs on the worker thread: convert, detokenize, convert back. (The step's deltas for each
     subscriber name that has any, the stop-string aborts for the scheduler or None.) A named
     subscriber gets its own requests' deltas and the unnamed requests'; "" gets them all."""
     step = convert.step_from_pb(request)
     result = state.apply(step)
+    detokenized = time.time_ns()
     messages: dict[str, pb.SubscribeResponse] = {}
     for name in subscribers:
         deltas = [d for d in result.deltas if d.subscriber in (name, "")] if name else result.deltas
         if deltas:
-            messages[name] = convert.deltas_to_pb(deltas, step.step_unix_ns)
+            messages[name] = convert.deltas_to_pb(deltas, step.step_unix_ns, received_unix_ns,
+                                                  detokenized)
     return messages, convert.aborts_to_pb(result.abort_ids) if result.abort_ids else None
 
 

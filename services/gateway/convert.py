@@ -33,6 +33,7 @@ from radixserve.services.gateway.types import (
     ReplicaReport,
     ReplicaStats,
     Started,
+    StepTimes,
     TextPrompt,
 )
 from radixserve.v1 import generate_pb2 as pb
@@ -40,16 +41,8 @@ from radixserve.v1 import generate_pb2 as pb
 MAX_REQUEST_ID_LEN = 256
 MAX_N = 64  # completions per request (sampling.n)
 
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-)
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
+                    "frequency_penalty", "presence_penalty")
 _REASONS: dict[str, int] = {
     "eos": pb.FINISH_REASON_EOS,
     "stop_token": pb.FINISH_REASON_STOP_TOKEN,
@@ -189,6 +182,10 @@ def _finish_from_pb(f: detok_pb.Finish) -> Finish:
         f.completion_tokens,
         f.cached_tokens,
     )
+
+
+def step_times_from_pb(msg: detok_pb.SubscribeResponse) -> StepTimes:
+    return StepTimes(msg.step_unix_ns, msg.received_unix_ns, msg.detokenized_unix_ns)
 
 
 def outputs_from_pb(msg: detok_pb.SubscribeResponse) -> list[Output]:

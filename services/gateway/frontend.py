@@ -43,6 +43,7 @@ from radixserve.services.gateway.types import (
     Prompt,
     ReplicaReport,
     Started,
+    StepTimes,
 )
 
 log = logging.getLogger(__name__)
@@ -320,9 +321,9 @@ class Frontend(SchedulerEvents):
         if handle is not None:
             handle.inbox.put_nowait(output)
 
-    def on_step(self, step_unix_ns: int) -> None:
+    def on_step(self, times: StepTimes) -> None:
         if self._metrics is not None:
-            self._metrics.on_step_arrival(step_unix_ns)
+            self._metrics.on_step_arrival(times)
 
     def on_lost(self, message: str) -> None:
         self._fail_all(grpc.StatusCode.UNAVAILABLE, message)

@@ -37,6 +37,7 @@ from radixserve.services.gateway.types import (
     ModelInfo,
     Output,
     ReplicaReport,
+    StepTimes,
 )
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class SchedulerEvents:
     def on_accepted(self, rid: str) -> None: ...
     def on_rejected(self, rid: str, failure: Failure) -> None: ...
     def on_output(self, output: Output) -> None: ...
-    def on_step(self, step_unix_ns: int) -> None:
+    def on_step(self, times: StepTimes) -> None:
         """A step's outputs arrived from a detokenizer (before its `on_output` calls)."""
     def on_replica_lost(self, replica: SchedulerReplica, message: str, gone: bool) -> None:
         """Its requests can no longer stream. `gone`: the scheduler itself, whose Submit stream
@@ -205,8 +206,8 @@ class Links(ReplicaEvents):
     def _on_output(self, output: Output) -> None:
         self.events.on_output(output)
 
-    def _on_step(self, step_unix_ns: int) -> None:
-        self.events.on_step(step_unix_ns)
+    def _on_step(self, times: StepTimes) -> None:
+        self.events.on_step(times)
 
     def _tokenizer_changed(self, tokenizer: TokenizerLink) -> None:
         if not tokenizer.connected and self.ready:

@@ -11,7 +11,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from radixserve.services.gateway.types import ReplicaReport
+from radixserve.services.gateway.types import ReplicaReport, StepTimes
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
@@ -57,7 +57,21 @@ class GatewayMetrics:
         self.completion_tokens = Counter(
             "radixserve_completion_tokens", "Generated tokens", registry=self.registry
         )
-        # Both from the scheduler's wall clock to this gateway's: on two hosts, their skew too.
+        # Each from the scheduler's wall clock to another's: on several hosts, their skew too.
+        self.step_received = Histogram(
+            "radixserve_step_detokenizer_received_delay_seconds",
+            "From the scheduler having an engine step's outputs to the detokenizer receiving the "
+            "step (of the steps that reach this gateway)",
+            buckets=_HOP_BUCKETS,
+            registry=self.registry,
+        )
+        self.step_detokenized = Histogram(
+            "radixserve_step_detokenized_delay_seconds",
+            "From the scheduler having an engine step's outputs to the detokenizer having "
+            "detokenized them (of the steps that reach this gateway)",
+            buckets=_HOP_BUCKETS,
+            registry=self.registry,
+        )
         self.step_arrival = Histogram(
             "radixserve_step_arrival_delay_seconds",
             "From the scheduler having an engine step's outputs to this gateway receiving them "
@@ -93,9 +107,16 @@ class GatewayMetrics:
             if completion_tokens > 1:
                 self.tpot.observe((e2e_s - ttft_s) / (completion_tokens - 1))
 
-    def on_step_arrival(self, step_unix_ns: int) -> None:
-        if step_unix_ns:
-            self.step_arrival.observe(max(0, time.time_ns() - step_unix_ns) / 1e9)
+    def on_step_arrival(self, times: StepTimes) -> None:
+        """A step reached this gateway: how long after the scheduler had it each point of its way
+        saw it."""
+        if not times.scheduled:
+            return
+        now = time.time_ns()
+        for histogram, at in ((self.step_received, times.received),
+                              (self.step_detokenized, times.detokenized), (self.step_arrival, now)):
+            if at:
+                histogram.observe(max(0, at - times.scheduled) / 1e9)
 
     def on_token_handoff(self, step_unix_ns: int) -> None:
         if step_unix_ns:

@@ -10,7 +10,7 @@ from radixserve.internal.detokenizer.v1 import detokenizer_pb2_grpc as detok_grp
 from radixserve.services.common import rpc
 from radixserve.services.gateway import convert
 from radixserve.services.gateway.streams import Lost, reconnect_forever
-from radixserve.services.gateway.types import Output
+from radixserve.services.gateway.types import Output, StepTimes
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class DetokenizerSubscription:
         subscriber: str,
         on_output: Callable[[Output], None],
         on_change: Callable[[DetokenizerSubscription], None],
-        on_step: Callable[[int], None],
+        on_step: Callable[[StepTimes], None],
         metadata: tuple[tuple[str, str], ...] = (),
         retry_s: float = 0.5,
     ) -> None:
@@ -34,7 +34,7 @@ class DetokenizerSubscription:
         self._subscriber = subscriber  # this gateway's name: the detokenizer sends only its deltas
         self._on_output = on_output
         self._on_change = on_change
-        self._on_step = on_step  # once per step's message, with the step's time
+        self._on_step = on_step  # once per step's message, with the step's times
         self._md = metadata
         self._retry_s = retry_s
         self.connected = False
@@ -70,7 +70,7 @@ class DetokenizerSubscription:
             async for response in call:
                 outputs = convert.outputs_from_pb(response)
                 if outputs:  # (the detokenizer sends no empty step)
-                    on_step(outputs[0].step_unix_ns)
+                    on_step(convert.step_times_from_pb(response))
                 for output in outputs:
                     on_output(output)
             raise Lost("the detokenizer closed the stream")

@@ -120,6 +120,16 @@ class Output(NamedTuple):
     step_unix_ns: int = 0
 
 
+class StepTimes(NamedTuple):
+    """Where one engine step was on its way to this gateway, in wall-clock ns (0: not stated):
+    when the scheduler had its outputs, when the detokenizer received it and when it had
+    detokenized it. On several hosts the differences include their clocks' skew."""
+
+    scheduled: int = 0
+    received: int = 0
+    detokenized: int = 0
+
+
 class JobResult(NamedTuple):
     """A tokenizer job's answer: the ids of an encoding, or the text of a decoding."""
 

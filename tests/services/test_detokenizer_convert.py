@@ -45,8 +45,10 @@ def test_deltas_reach_the_gateway_with_every_field() -> None:
         Delta("tok", [2], "", finish=Finish("stop_token", None, 2, 9, 4, 0)),
         Delta("len", [], "", finish=Finish("length", None, None, 9, 5, 0)),
     ]
-    msg = pb.SubscribeResponse.FromString(convert.deltas_to_pb(deltas, 99).SerializeToString())
-    assert msg.step_unix_ns == 99  # the scheduler's time for the step, for the gateways' metrics
+    msg = pb.SubscribeResponse.FromString(
+        convert.deltas_to_pb(deltas, 99, 100, 101).SerializeToString())
+    # the scheduler's time for the step and this service's, for the gateways' metrics
+    assert (msg.step_unix_ns, msg.received_unix_ns, msg.detokenized_unix_ns) == (99, 100, 101)
 
     plain, lp, by_string, by_token, by_length = msg.deltas
     assert (plain.request_id, list(plain.token_ids), plain.text) == ("plain", [11], " hi")

@@ -9,7 +9,7 @@ from radixserve.internal.detokenizer.v1 import detokenizer_pb2 as detok_pb
 from radixserve.internal.scheduler.v1 import scheduler_pb2 as sched_pb
 from radixserve.internal.tokenizer.v1 import tokenizer_pb2 as tok_pb
 from radixserve.services.gateway import convert
-from radixserve.services.gateway.types import Failure, Finish, JobResult, Output
+from radixserve.services.gateway.types import Failure, Finish, JobResult, Output, StepTimes
 
 
 def test_a_step_of_deltas_reads_into_outputs() -> None:
@@ -23,7 +23,8 @@ def test_a_step_of_deltas_reads_into_outputs() -> None:
         detok_pb.RequestDelta(request_id="c", finish=detok_pb.Finish(
             reason=detok_pb.FINISH_REASON_STOP_TOKEN, stop_token_id=7)),
         detok_pb.RequestDelta(request_id="d", finish=detok_pb.Finish(reason=99)),
-    ], step_unix_ns=42)
+    ], step_unix_ns=42, received_unix_ns=43, detokenized_unix_ns=44)
+    assert convert.step_times_from_pb(msg) == StepTimes(42, 43, 44)
     a, b, c, d = convert.outputs_from_pb(msg)
     assert a == Output("a", [1, 2], "hi", [], None, 42)
     assert d.step_unix_ns == 42  # every delta of the step carries its time

@@ -66,8 +66,9 @@ def test_client_cancel_aborts_in_engine_and_frees_every_map(demo_path: str, n: i
 
 
 def test_gateway_times_each_step_from_the_scheduler_to_the_streams(demo_path: str) -> None:
-    """The step time the scheduler stamps reaches the gateway through the detokenizer: one
-    arrival per step, one hand-off per message, each shorter than the whole call took."""
+    """The step time the scheduler stamps reaches the gateway through the detokenizer, which adds
+    its own: one reading of each point per step (one hand-off per message), the detokenizer's
+    before the arrival on average, and each shorter than the whole call took."""
     async def body(stack: InProcess, stub: Any) -> None:
         start = time.monotonic()
         res = await acollect(stub, request([5], max_new_tokens=6))
@@ -79,9 +80,12 @@ def test_gateway_times_each_step_from_the_scheduler_to_the_streams(demo_path: st
             return registry.get_sample_value(f"radixserve_{name}_delay_seconds_{suffix}") or 0.0
 
         assert sample("token_handoff", "count") >= 1  # messages may join tokens
-        assert sample("step_arrival", "count") >= sample("token_handoff", "count")
-        for name in ("token_handoff", "step_arrival"):
-            assert 0 <= sample(name, "sum") <= took * sample(name, "count")
+        points = ("step_detokenizer_received", "step_detokenized", "step_arrival")
+        steps = sample("step_arrival", "count")
+        assert steps >= sample("token_handoff", "count")
+        assert [sample(name, "count") for name in points] == [steps] * 3
+        means = [sample(name, "sum") / sample(name, "count") for name in (*points, "token_handoff")]
+        assert means[:3] == sorted(means[:3]) and 0 <= min(means) and max(means) <= took
 
     run_in_process(demo_path, body, step_delay_s=0.01)
 
