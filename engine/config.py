@@ -30,6 +30,10 @@ class EngineConfig:
     dtype: str = "auto"  # "auto": the checkpoint's dtype on GPU, float32 on CPU
     page_size: int = 16
     max_prefill_tokens: int = 4096  # per-step budget for prefill chunks
+    # The budget of a step that also decodes (None: max_prefill_tokens). Such a step is a gap in
+    # every decoding stream, so a smaller budget bounds those gaps while prompts arrive, and a
+    # prompt past it is chunked over several steps (its first token comes later).
+    mixed_prefill_tokens: int | None = None
     # What that budget counts: "tokens", or "compute", where a token also pays for the keys it
     # attends to, so that chunks deep into a long prompt are shorter (scheduler/prefill_budget.py)
     prefill_budget: BudgetUnit = "tokens"
@@ -102,6 +106,8 @@ class EngineConfig:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_prefill_tokens < self.page_size:
             raise ValueError("max_prefill_tokens must be at least page_size")
+        if self.mixed_prefill_tokens is not None and self.mixed_prefill_tokens < 1:
+            raise ValueError(f"mixed_prefill_tokens must be >= 1, got {self.mixed_prefill_tokens}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.num_pages is not None and self.num_pages < 2:

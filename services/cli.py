@@ -47,6 +47,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--page-size", "page_size", int),
     ("--max-prefill-tokens", "max_prefill_tokens", int),
     ("--prefill-budget", "prefill_budget", str),
+    ("--mixed-prefill-tokens", "mixed_prefill_tokens", int),
     ("--max-running-requests", "max_running_requests", int),
     ("--max-queued-requests", "max_queued_requests", int),
     ("--num-pages", "num_pages", int),

@@ -121,6 +121,8 @@ class Scheduler:
         decodes, prefilling = self._make_room_for_decodes()
         self._add_decodes(decodes, batch)
         budget: float = self.config.max_prefill_tokens
+        if decodes and self.config.mixed_prefill_tokens is not None:
+            budget = min(budget, self.config.mixed_prefill_tokens)
         for req in prefilling:  # a chunked prompt continues before anyone new is admitted
             if budget > 0 and req.status is ReqStatus.RUNNING:  # not retracted by an earlier chunk
                 budget -= self._prefill_chunk(req, batch, budget)

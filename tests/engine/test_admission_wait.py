@@ -1,5 +1,6 @@
 """`admission_wait_ms`: while requests decode, arrivals are held back to be admitted together (fewer
-steps that carry prefill), but never past the wait, and at once when waiting longer adds nothing."""
+steps that carry prefill), but never past the wait, and at once when waiting longer adds nothing.
+`mixed_prefill_tokens`: while requests decode, a step takes at most that many prompt tokens."""
 
 from __future__ import annotations
 
@@ -140,3 +141,49 @@ def test_the_default_wait_holds_arrivals_only_where_prefill_steps_run_eagerly(pa
     pieces = make_llm(path, max_running_requests=4, piecewise_graph_max_tokens=64).core
     assert pieces.runner.pieces is not None and pieces.config.admission_wait_ms == 0
     assert make_llm(path, admission_wait_ms=7.0).core.config.admission_wait_ms == 7.0
+
+
+
+def _run_with_an_arrival(core) -> tuple[list[tuple[int, int]], dict[str, list[int]]]:
+    """"first" alone, then "late" once "first" decodes: each step's (decoding rows, prompt tokens)
+    and each request's output ids."""
+    steps, schedule = [], core.scheduler.schedule
+
+    def spy():
+        batch = schedule()
+        if batch is not None:
+            decoding = sum(p >= r.prompt_len for r, p in zip(batch.reqs, batch.prefix_lens))
+            steps.append((decoding, batch.num_tokens - decoding))
+        return batch
+
+    core.scheduler.schedule = spy
+    outputs: dict[str, list[int]] = {"first": [], "late": []}
+    core.add_request("first", [(j * 7) % 500 + 3 for j in range(40)], GREEDY)
+    for out in core.step():
+        outputs[out.rid] += out.token_ids
+    core.add_request("late", [(j * 11) % 500 + 3 for j in range(40)], GREEDY)
+    while core.has_work():
+        for out in core.step():
+            outputs[out.rid] += out.token_ids
+    return steps, outputs
+
+
+def test_a_step_that_decodes_takes_the_mixed_prefill_budget(path, make_llm):
+    """A prompt that arrives while another request decodes is chunked to mixed_prefill_tokens a
+    step; one that finds nobody decoding takes max_prefill_tokens. The outputs stay the same."""
+    steps, outputs = _run_with_an_arrival(make_llm(
+        path, max_prefill_tokens=64, mixed_prefill_tokens=8, page_size=4,
+        max_running_requests=4).core)
+    assert steps[0] == (0, 40)  # nobody decoding: the whole prompt in one step
+    assert [prefill for decoding, prefill in steps[1:] if prefill] == [8] * 5
+    assert all(decoding == 1 for decoding, prefill in steps[1:6])  # beside "first"'s decode rows
+    _, unbounded = _run_with_an_arrival(make_llm(path, max_prefill_tokens=64, page_size=4,
+                                                 max_running_requests=4).core)
+    assert outputs == unbounded and len(outputs["late"]) == GREEDY.max_new_tokens
+
+
+def test_mixed_prefill_tokens_must_be_positive():
+    from radixserve.engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="mixed_prefill_tokens"):
+        EngineConfig(model_path="m", mixed_prefill_tokens=0)
