@@ -135,6 +135,10 @@ class LevelResult:
     plane: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+# Prompts (and tokens each) that warm the path before the first level and before the offline
+# baseline: enough for steps that prefill several prompts at once and then decode them, so that
+# kernels compiled on first use (Triton's, on a fresh machine) are not compiled inside a level.
+WARM_UP_PROMPTS, WARM_UP_TOKENS = 8, 8
 STEPS = "radixserve_engine_steps_total"
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
         "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
@@ -226,12 +230,13 @@ async def _run(cfg: BenchConfig, pool: LoadPool, stub: pb_grpc.GenerateServiceSt
                probes: Probes) -> list[LevelResult]:
     vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
     server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
-    # Warm the path end to end with prompts no level sends: one per replica, sent together so
-    # that a router spreads them.
+    # Warm the path end to end with prompts no level sends, WARM_UP_PROMPTS for each replica,
+    # sent together so that a router spreads them.
     sp = cfg.shared_prefix
     length = sp.prefix_len + sp.suffix_len if sp is not None else cfg.input_len
-    warm = warm_up_prompts(max(1, len(server.replicas)), length, vocab, cfg.seed)
-    await asyncio.gather(*(one_request(stub, prompt, 2, cfg.temperature) for prompt in warm))
+    warm = warm_up_prompts(WARM_UP_PROMPTS * max(1, len(server.replicas)), length, vocab, cfg.seed)
+    await asyncio.gather(*(one_request(stub, prompt, WARM_UP_TOKENS, cfg.temperature)
+                           for prompt in warm))
     results = []
     for level, c in enumerate(cfg.concurrencies):
         work = _workload(cfg, vocab, level)
@@ -341,8 +346,8 @@ def offline_tok_s(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float
     work = _workload(cfg, vocab)
     params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=m, ignore_eos=True)
               for _, m in work]
-    warm = warm_up_prompts(1, len(work[0][0]), vocab, cfg.seed)  # as the gateway run warms up
-    llm.generate(warm, SamplingParams(max_new_tokens=2))
+    warm = warm_up_prompts(WARM_UP_PROMPTS, len(work[0][0]), vocab, cfg.seed)  # as `_run` does
+    llm.generate(warm, SamplingParams(max_new_tokens=WARM_UP_TOKENS, ignore_eos=True))
     start = time.perf_counter()
     outs = llm.generate([p for p, _ in work], params)
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
