@@ -102,13 +102,14 @@ with torch.device('cuda'):
 m.save_pretrained(d)" "$1" "${TOK[@]}" 2>&1 | tail -n 2 | tee -a "$LOG"
 }
 # The served plane through all four services against the offline engine (docs/benchmarks.md,
-# "Serving plane"); SERVING_LEVELS and SERVING_RATES override the concurrencies and rate fractions,
+# "Serving plane"); SERVING_LEVELS and SERVING_RATES override the concurrencies and rate fractions
+# (SERVING_RATES="" runs none: then SERVING_BENCH_FLAGS="--request-rate R" for a fixed rate),
 # SERVING_FLAGS adds serve flags (e.g. "--admission-wait-ms 0") and SERVING_LABEL names the JSON.
 serving() {  # serving NAME
   save_model "$1"
   stage "serving $1" 560 python3 -m radixserve.bench.serving --launch --model "/tmp/models/$1" \
     --num-prompts 512 --input-len 512 --output-len 512 --temperature 0.6 \
-    --concurrency "${SERVING_LEVELS:-256,32}" --rate-fractions "${SERVING_RATES:-0.5,0.75,0.9}" \
+    --concurrency "${SERVING_LEVELS:-256,32}" --rate-fractions "${SERVING_RATES-0.5,0.75,0.9}" \
     --offline-baseline --json "$OUT/serving-$1${SERVING_LABEL:-}.json" ${SERVING_BENCH_FLAGS:-} \
     -- --device cuda --max-running-requests 256 ${SERVING_FLAGS:-}
 }
