@@ -30,13 +30,14 @@ class EngineConfig:
     dtype: str = "auto"  # "auto": the checkpoint's dtype on GPU, float32 on CPU
     page_size: int = 16
     max_prefill_tokens: int = 4096  # per-step budget for prefill chunks
-    # The budget of a step that also decodes (None: max_prefill_tokens). Such a step is a gap in
-    # every decoding stream, so a smaller budget bounds those gaps while prompts arrive, and a
-    # prompt past it is chunked over several steps (its first token comes later).
-    mixed_prefill_tokens: int | None = None
     # What that budget counts: "tokens", or "compute", where a token also pays for the keys it
     # attends to, so that chunks deep into a long prompt are shorter (scheduler/prefill_budget.py)
     prefill_budget: BudgetUnit = "tokens"
+    # The budget of a step that also decodes (None: max_prefill_tokens), counted the same way.
+    # Such a step is a gap in every decoding stream, so a smaller budget bounds those gaps while
+    # prompts arrive, and a prompt past it is chunked over several steps (its first token comes
+    # later).
+    mixed_prefill_tokens: int | None = None
     max_running_requests: int = 64  # request slots
     max_queued_requests: int = 1024
     num_pages: int | None = None  # None: sized from memory (GPU) or a fixed token budget (CPU)
