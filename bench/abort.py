@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import grpc
 from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
-from radixserve.bench.prometheus import Reading, served_metrics
+from radixserve.bench.prometheus import ENGINE_STEPS, Reading, served_metrics
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -36,7 +36,7 @@ def scrape(url: str) -> tuple[int, int]:
     """(running requests, engine steps) from the scheduler's metrics."""
     reading = Reading.take([url])
     return (int(reading.total("radixserve_running_requests")),
-            int(reading.total("radixserve_engine_steps_total")))
+            int(reading.total(ENGINE_STEPS)))
 
 
 class _Streams:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+# The scheduler's count of engine steps it has run (services/scheduler/metrics.py), as exposed.
+ENGINE_STEPS = "radixserve_engine_steps_total"
 # (sample name, its labels sorted) -> value
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

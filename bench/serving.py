@@ -50,7 +50,7 @@ from radixserve.bench.process import (
     service_pids,
     stack,
 )
-from radixserve.bench.prometheus import Reading, observed_ms, served_metrics
+from radixserve.bench.prometheus import ENGINE_STEPS, Reading, observed_ms, served_metrics
 from radixserve.bench.server_info import (
     POLL_INTERVAL_S,
     ReplicaLoad,
@@ -139,7 +139,6 @@ class LevelResult:
 # baseline: enough for steps that prefill several prompts at once and then decode them, so that
 # kernels compiled on first use (Triton's, on a fresh machine) are not compiled inside a level.
 WARM_UP_PROMPTS, WARM_UP_TOKENS = 8, 8
-STEPS = "radixserve_engine_steps_total"
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
         "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
         "arrival_ms": "radixserve_step_arrival_delay_seconds",
@@ -148,8 +147,8 @@ HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
 
 def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str, Any]:
     """The plane's figures of a level from readings of the services' metrics around it."""
-    replicas = sum(1 for e in after.endpoints if (STEPS, ()) in e)
-    steps = after.total(STEPS) - before.total(STEPS)
+    replicas = sum(1 for e in after.endpoints if (ENGINE_STEPS, ()) in e)
+    steps = after.total(ENGINE_STEPS) - before.total(ENGINE_STEPS)
     step_ms = duration_s * replicas / steps * 1e3 if steps > 0 else math.nan
     out: dict[str, Any] = {"step_ms": step_ms}
     for key, histogram in HOPS.items():
