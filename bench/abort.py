@@ -3,7 +3,10 @@
 The abort-latency target (docs/reliability.md, Targets): <= 2 engine steps and <= 100 ms p99 at 256
 running requests. The bench opens --running streams (token-id prompts, ignore_eos, long enough to
 outlast the run) and reads them as a client that shows its tokens would (--unread: not at all),
-waits until the scheduler runs all of them, then cancels --cancels of them one at a time. For each
+waits until the scheduler runs all of them, then cancels --cancels of them one at a time. One
+Python client reads some 20k tokens a second, less than 256 streams of a GPU's decode steps carry,
+and a client that falls behind delays its own cancels; with --processes P, P - 1 reader processes
+hold and read the streams that stay, and this one holds only those it cancels. For each
 it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
 `radixserve_engine_steps_total`) until the running count drops by one: the time from the cancel to
 that snapshot, and the engine steps run between. The scheduler publishes the snapshot as soon as it
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import threading
 import time
@@ -110,17 +114,75 @@ class _Streams:
             self.loop.close()
 
 
+def _hold(target: str, channels: int, count: int, output_len: int, seed: int, read: bool,
+          stop: Any, failures: Any) -> None:
+    """A reader process: `count` streams of its own, held (and read) until `stop` is set; their
+    failures go back through the `failures` queue."""
+    streams = _Streams(target, channels, count, output_len, seed, read)
+    try:
+        stop.wait()
+    finally:
+        streams.close()
+        failures.put(streams.failures)
+
+
+class _Readers:
+    """`processes` spawned readers sharing `count` streams (spawn: a forked grpc runtime is not
+    safe to use in the child)."""
+
+    def __init__(self, target: str, channels: int, count: int, output_len: int, seed: int,
+                 read: bool, processes: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._stop, self._failures = ctx.Event(), ctx.Queue()
+        shares = [count // processes + (i < count % processes) for i in range(processes)]
+        self._procs = [ctx.Process(target=_hold, daemon=True, name=f"bench-reader-{i}", args=(
+            target, channels, n, output_len, seed + 1 + i, read, self._stop, self._failures))
+            for i, n in enumerate(shares) if n]
+        for proc in self._procs:
+            proc.start()
+
+    def alive(self) -> bool:
+        return all(proc.is_alive() for proc in self._procs)
+
+    def close(self) -> list[str]:
+        """Stop every reader; the failures they saw (a reader that died counts as one)."""
+        self._stop.set()
+        failures: list[str] = []
+        for proc in self._procs:
+            proc.join(60)
+            if proc.is_alive() or proc.exitcode != 0:
+                proc.kill()
+                failures.append(f"{proc.name} exited with {proc.exitcode}")
+        while not self._failures.empty():
+            failures.extend(self._failures.get())
+        return failures
+
+
 def measure(target: str, metrics_url: str, running: int, cancels: int, output_len: int,
-            seed: int = 0, channels: int = 1, read: bool = True) -> dict[str, Any]:
-    """`channels` client connections carry the streams in turn (a server with several gateways on
-    one port serves each connection on one of them); `read`: whether the client reads them."""
-    streams = _Streams(target, channels, running, output_len, seed, read)
+            seed: int = 0, channels: int = 1, read: bool = True,
+            processes: int = 1) -> dict[str, Any]:
+    """`channels` client connections (in each process) carry the streams in turn (a server with
+    several gateways on one port serves each connection on one of them); `read`: whether the
+    client reads them; `processes` > 1: the streams not cancelled are held by that many - 1
+    reader processes."""
+    readers = None
+    if processes > 1:
+        readers = _Readers(target, channels, running - cancels, output_len, seed, read,
+                           processes - 1)
+    try:
+        streams = _Streams(target, channels, running if readers is None else cancels,
+                           output_len, seed, read)
+    except BaseException:
+        if readers is not None:
+            readers.close()
+        raise
     try:
         deadline = time.monotonic() + 300
         while scrape(metrics_url)[0] < running:
-            if time.monotonic() > deadline or streams.failures:
-                raise SystemExit(f"the scheduler never ran {running} requests at once "
-                                 f"({streams.failures[:3] or 'no stream failed'})")
+            dead = readers is not None and not readers.alive()
+            if time.monotonic() > deadline or streams.failures or dead:
+                why = "a reader process died" if dead else streams.failures[:3] or "no stream failed"
+                raise SystemExit(f"the scheduler never ran {running} requests at once ({why})")
             time.sleep(0.05)
         ms, steps = [], []
         doomed = random.Random(seed).sample(streams.calls, cancels)
@@ -142,9 +204,12 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
         step_ms = (time.monotonic() - began) * 1000 / max(1, scrape(metrics_url)[1] - first_step)
     finally:
         streams.close()
+        if readers is not None:
+            streams.failures.extend(readers.close())
     if streams.failures:
         raise SystemExit(f"{len(streams.failures)} streams failed: {streams.failures[:3]}")
-    return {"running": running, "channels": channels, "read": read, "cancels": cancels,
+    return {"running": running, "channels": channels, "processes": processes, "read": read,
+            "cancels": cancels,
             "ms": percentiles(ms), "step_ms": step_ms,
             "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)}}
 
@@ -157,7 +222,8 @@ def _p99(values: list[int]) -> int:
 def format_table(r: dict[str, Any]) -> str:
     return "\n".join([
         (f"{r['cancels']} cancels, one at a time, at {r['running']} running requests, their "
-        f"streams {'read' if r['read'] else 'unread'} (engine step: {r['step_ms']:.1f} ms on "
+        f"streams {'read' if r['read'] else 'unread'} by {r['processes']} client process(es) "
+        f"(engine step: {r['step_ms']:.1f} ms on "
         "average during the run)"),
         "",
         "| cancel -> freed | p50 | p99 | max | target |", "|---|---|---|---|---|",
@@ -179,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--channels", type=int, default=1,
                    help="client connections the streams are spread over (serve --gateways K "
                         "serves each connection on one of its gateways)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="client processes: P - 1 of them hold and read the streams that are not "
+                        "cancelled, this one those it cancels")
     p.add_argument("--unread", action="store_true",
                    help="leave the streams unread, as a client that stopped reading (the "
                         "gateway's writes then wait on full flow-control windows)")
@@ -188,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--metrics is needed with --target")
     if not 0 < args.cancels <= args.running:
         p.error("need 0 < --cancels <= --running")
+    if args.processes < 1:
+        p.error("need --processes >= 1")
     url, serve_flags = args.metrics, extra
     if args.launch:
         serve_flags, _, schedulers = served_metrics(
@@ -195,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         url = schedulers[0]
     with stack(args, serve_flags) as (target, _):
         result = measure(target, url, args.running, args.cancels, args.output_len,
-                         channels=args.channels, read=not args.unread)
+                         channels=args.channels, read=not args.unread,
+                         processes=args.processes)
     print(format_table(result))
     if args.json_path:
         with open(args.json_path, "w") as f:

@@ -25,7 +25,8 @@
 #   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
 #   and with tokens sent two at a time: SERVING_FLAGS="--stream-interval 2" bash bench/gpu_check.sh serving
 #   abort: cancel -> freed at 256 running, through each count of gateways in ABORT_GATEWAYS (default
-#   "1 2"; two client connections a gateway where there are several)
+#   "1 2"; two client connections a gateway, in each client process, where there are several),
+#   from ABORT_PROCESSES client processes (default 4: three read the streams that stay)
 #   mixed: decode steps of 128 and 256 rows, alone and each carrying one new prompt of 128 or 512
 #   tokens (bench profile --mixed), host phases split; the decode rows of those steps through the
 #   decode kernel (split_mixed_attention, the default) and through the prefill kernel
@@ -212,7 +213,8 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
            for g in ${ABORT_GATEWAYS:-1 2}; do
              stage "abort gateways=$g" 200 python3 -m radixserve.bench.abort --launch \
                --model /tmp/models/qwen3-0.6b --running 256 --cancels 64 --output-len 4000 \
-               --channels $((g == 1 ? 1 : 2 * g)) --json "$OUT/abort-g$g.json" -- --device cuda \
+               --channels $((g == 1 ? 1 : 2 * g)) --processes "${ABORT_PROCESSES:-4}" \
+               --json "$OUT/abort-g$g.json" -- --device cuda \
                --gateways $g
            done ;;
     overload) overload "" ;;  # 3x the saturating rate: refusal latency, admitted ITL

@@ -299,12 +299,15 @@ def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_bench_abort_smoke(stack: Stack) -> None:
-    """`bench abort` reads cancel -> freed from the scheduler's metrics (engine_steps_total)."""
+    """`bench abort` reads cancel -> freed from the scheduler's metrics (engine_steps_total), here
+    with a reader process holding the streams it does not cancel."""
     from radixserve.bench import abort as bench_abort
 
     url = f"http://127.0.0.1:{stack.metrics_port + 1}/metrics"
-    result = bench_abort.measure(stack.target, url, running=8, cancels=4, output_len=3000)
+    result = bench_abort.measure(stack.target, url, running=8, cancels=4, output_len=3000,
+                                 processes=2)
     table = bench_abort.format_table(result)
+    assert result["processes"] == 2 and "by 2 client process(es)" in table
     assert result["ms"]["p50"] > 0 and result["step_ms"] > 0, table
     assert 0 <= result["steps"]["p50"] <= result["steps"]["max"], table
     assert "| engine steps |" in table
