@@ -181,7 +181,8 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
         while scrape(metrics_url)[0] < running:
             dead = readers is not None and not readers.alive()
             if time.monotonic() > deadline or streams.failures or dead:
-                why = "a reader process died" if dead else streams.failures[:3] or "no stream failed"
+                why = ("a reader process died" if dead
+                       else streams.failures[:3] or "no stream failed")
                 raise SystemExit(f"the scheduler never ran {running} requests at once ({why})")
             time.sleep(0.05)
         ms, steps = [], []
