@@ -135,14 +135,26 @@ class LevelResult:
     plane: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-# Prompts (and tokens each) that warm the path before the first level and before the offline
-# baseline: enough for steps that prefill several prompts at once and then decode them, so that
-# kernels compiled on first use (Triton's, on a fresh machine) are not compiled inside a level.
-WARM_UP_PROMPTS, WARM_UP_TOKENS = 8, 8
+# New tokens of each warm-up request (`warm_up_work`).
+WARM_UP_TOKENS = 32
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
         "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
         "arrival_ms": "radixserve_step_arrival_delay_seconds",
         "handoff_ms": "radixserve_token_handoff_delay_seconds"}
+
+
+def warm_up_work(cfg: BenchConfig, vocab: int, replicas: int = 1) -> list[list[int]]:
+    """The prompts that warm the path before the first level and before the offline baseline,
+    drawn apart from the levels' (no cache hit): the largest level's concurrency for each replica
+    (at most a level's requests), as long as the longest prompt a level sends. With
+    WARM_UP_TOKENS each, steps that prefill many prompts beside hundreds of decoding rows run once
+    before anything is timed, so kernels built on first use (Triton's, on a fresh machine) are
+    not built inside a timed run."""
+    sp = cfg.shared_prefix
+    length = sp.prefix_len + sp.suffix_len if sp is not None else cfg.input_len
+    requests = sp.num_requests if sp is not None else cfg.num_prompts
+    count = min(max(cfg.concurrencies), requests) * max(1, replicas)
+    return warm_up_prompts(count, length, vocab, cfg.seed)
 
 
 def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str, Any]:
@@ -229,11 +241,8 @@ async def _run(cfg: BenchConfig, pool: LoadPool, stub: pb_grpc.GenerateServiceSt
                probes: Probes) -> list[LevelResult]:
     vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
     server = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
-    # Warm the path end to end with prompts no level sends, WARM_UP_PROMPTS for each replica,
-    # sent together so that a router spreads them.
-    sp = cfg.shared_prefix
-    length = sp.prefix_len + sp.suffix_len if sp is not None else cfg.input_len
-    warm = warm_up_prompts(WARM_UP_PROMPTS * max(1, len(server.replicas)), length, vocab, cfg.seed)
+    # Warm the path end to end, the requests sent together so that a router spreads them.
+    warm = warm_up_work(cfg, vocab, len(server.replicas))
     await asyncio.gather(*(one_request(stub, prompt, WARM_UP_TOKENS, cfg.temperature)
                            for prompt in warm))
     results = []
@@ -345,8 +354,8 @@ def offline_tok_s(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float
     work = _workload(cfg, vocab)
     params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=m, ignore_eos=True)
               for _, m in work]
-    warm = warm_up_prompts(WARM_UP_PROMPTS, len(work[0][0]), vocab, cfg.seed)  # as `_run` does
-    llm.generate(warm, SamplingParams(max_new_tokens=WARM_UP_TOKENS, ignore_eos=True))
+    llm.generate(warm_up_work(cfg, vocab), SamplingParams(  # as `_run` does
+        temperature=cfg.temperature, max_new_tokens=WARM_UP_TOKENS, ignore_eos=True))
     start = time.perf_counter()
     outs = llm.generate([p for p, _ in work], params)
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
@@ -371,6 +380,7 @@ def offline_in_child(model: str, cfg: BenchConfig, serve_flags: list[str]) -> fl
     and varied by a third between runs.)"""
     argv = [sys.executable, "-m", "radixserve.bench.serving", "--offline-only", "--launch",
             "--model", model, *workload_argv(cfg), "--temperature", str(cfg.temperature),
+            "--concurrency", ",".join(map(str, cfg.concurrencies)),  # the warm-up's size
             "--", *serve_flags]
     out = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout
     return float(json.loads(out.strip().splitlines()[-1])["offline_tok_s"])
