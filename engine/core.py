@@ -12,7 +12,7 @@ import random
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from radixserve.engine.config import EAGER_PREFILL_ADMISSION_WAIT_MS, EngineConfig
 from radixserve.engine.constrained.bitmask import fill_grammar_mask
@@ -165,7 +165,13 @@ class EngineCore:
         return bool(self.scheduler.waiting or self.scheduler.running or self._in_flight)
 
     # -- the loop -------------------------------------------------------------------------------
-    def step(self) -> list[StepOutput]:
+    def step(self, launched_hook: Callable[[], None] | None = None) -> list[StepOutput]:
+        """Schedule and launch a step, then read the outputs of the one before it (overlap on) or
+        of this one. `launched_hook` runs in between, while the device computes: the serving loop
+        applies the aborts that came during the step there, rather than after it. An abort there
+        frees a request with steps in flight, which `_process` then skips, as it does when one
+        overlapped step is in flight; pages freed there go to steps launched later on the same
+        stream, so no kernel still reading them is overtaken."""
         batch = self.scheduler.schedule()
         if batch is not None and self.tp is not None:
             # Every rank samples, but only this one has grammar state: the plan carries the mask.
@@ -173,6 +179,8 @@ class EngineCore:
                                                if s], self.args.vocab_size)
             self.tp.send_plan(batch, self.runner.table)
         launched = (batch, self.runner.forward(batch)) if batch is not None else None
+        if launched_hook is not None:
+            launched_hook()
         if not self.config.overlap:
             return self._process(*launched) if launched else []
         previous, self._in_flight = self._in_flight, launched

@@ -314,7 +314,11 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         P, L = self.page_size, req.cached_len
-        aligned, held_end = L // P * P, _ceil_div(L, P) * P
+        # Only tokens the host has seen can key the cache: a request freed while two overlapped
+        # steps are in flight (an abort in the engine's launched_hook) has KV computed for the
+        # input of the later one, the token the earlier one is still sampling.
+        known = req.prompt_len + len(req.output_ids)
+        aligned, held_end = min(L, known) // P * P, _ceil_div(L, P) * P
         row = self.table.page_table_cpu[req.slot]
         if aligned > 0:
             tokens = req.token_ids(aligned)

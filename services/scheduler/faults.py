@@ -65,7 +65,7 @@ class _Faulty:
             return os.path.exists(self._when)
         return self._steps >= self._when
 
-    def step(self) -> list[Any]:
+    def step(self, launched_hook: Callable[[], None] | None = None) -> list[Any]:
         if self._armed():
             if self._kind == "raise":
                 raise InjectedFault("injected engine step failure")
@@ -73,7 +73,7 @@ class _Faulty:
                 hold_gil_forever()
             threading.Event().wait()  # hang: nothing ever sets it
         self._steps += 1
-        return self._engine.step()
+        return self._engine.step(launched_hook)
 
 
 def hold_gil_forever() -> None:

@@ -5,8 +5,10 @@ asyncio side talks to it through `submit` (thread-safe) and a `LoopSink` whose m
 calls from its thread (implementations hop back onto the event loop).
 
 Each iteration: drain every queued command (blocking only when idle), apply new requests then
-aborts, run at most one engine step, and emit at most one `StepBatch`. An abort therefore frees
-its request's pages at the start of the next iteration: within two steps of arriving.
+aborts, run at most one engine step, and emit at most one `StepBatch`. Commands that arrive while
+the step runs are drained once more when it has launched its work on the device (the engine's
+`launched_hook`), so an abort frees its request's pages within the step it arrived in, or at the
+latest at the start of the next one.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class EngineLike(Protocol):
         """Thread-safe and cached; None when unconstrained; InvalidRequestError when it does not
         compile. Called on the scheduler's compile workers, never on the loop thread."""
     def abort(self, rid: str) -> bool: ...
-    def step(self) -> list[Any]: ...
+    def step(self, launched_hook: Callable[[], None] | None = None) -> list[Any]:
+        """`launched_hook`: called once within the step, while the device computes."""
     def has_work(self) -> bool: ...
     def stats(self) -> dict[str, Any]: ...
     def check_integrity(self) -> None: ...
@@ -85,6 +88,7 @@ class _Iteration:
     rejected: dict[Hashable, list[Rejection]] = field(default_factory=dict)
     aborted: list[str] = field(default_factory=list)
     setups: dict[str, NewRequest] = field(default_factory=dict)
+    applied: bool = False  # any command applied in this iteration
 
 
 class EngineLoop:
@@ -174,22 +178,11 @@ class EngineLoop:
             return
 
     def _iterate(self, engine: EngineLike, was_busy: bool) -> bool:
-        commands = self._drain(block=not engine.has_work())
-        if commands:
-            it = _Iteration()
-            for command in commands:
-                self._apply(engine, command, it)
-            for owner, accepted in it.accepted.items():
-                self._sink.on_acks(Acks(owner, accepted, it.rejected.pop(owner, [])))
-            for owner, rejected in it.rejected.items():
-                self._sink.on_acks(Acks(owner, [], rejected))
-            if it.aborted:  # freed before this step: show it now, not after the step
-                self.stats = {**engine.stats(), "engine_steps_total": self._steps}
-        else:
-            it = _Iteration()
+        it = _Iteration()
+        self._apply_all(engine, self._drain(block=not engine.has_work()), it)
         outputs: list[Any] = []
         if engine.has_work():
-            outputs = engine.step()
+            outputs = engine.step(lambda: self._apply_all(engine, self._drain(block=False), it))
             self._steps += 1
         for out in outputs:
             if out.finish_reason is not None:
@@ -197,7 +190,7 @@ class EngineLoop:
         if outputs or it.aborted or it.setups:
             self._sink.on_step(StepBatch(it.aborted, list(it.setups.values()), outputs,
                                          time.time_ns()))
-        if not (commands or outputs):
+        if not (it.applied or outputs):
             return was_busy
         self.stats = {**engine.stats(), "engine_steps_total": self._steps}
         busy = engine.has_work()
@@ -206,6 +199,23 @@ class EngineLoop:
             assert not self._owner, f"idle engine but {len(self._owner)} requests still owned"
             engine.check_integrity()
         return busy
+
+    def _apply_all(self, engine: EngineLike, commands: list[Command], it: _Iteration) -> None:
+        """Apply `commands` in order and answer their submissions. Freed requests show in the
+        stats at once, not after the step (what `bench abort` reads)."""
+        if not commands:
+            return
+        it.applied = True
+        freed = len(it.aborted)
+        for command in commands:
+            self._apply(engine, command, it)
+        for owner, accepted in it.accepted.items():
+            self._sink.on_acks(Acks(owner, accepted, it.rejected.pop(owner, [])))
+        for owner, rejected in it.rejected.items():
+            self._sink.on_acks(Acks(owner, [], rejected))
+        it.accepted, it.rejected = {}, {}
+        if len(it.aborted) > freed:
+            self.stats = {**engine.stats(), "engine_steps_total": self._steps}
 
     def _drain(self, block: bool) -> list[Command]:
         commands: list[Command] = []

@@ -89,9 +89,11 @@ class SyntheticEngine:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
-    def step(self) -> list[StepOutput]:
+    def step(self, launched_hook: Callable[[], None] | None = None) -> list[StepOutput]:
         # Steps start at least step_s apart, as steps of a device that takes step_s each; host
         # work between them overlaps that time, as under the real engine's overlap scheduling.
+        if launched_hook is not None:  # as the engine's, once the device has work
+            launched_hook()
         wait = self._next_step - time.monotonic()
         if wait > 0:
             time.sleep(wait)  # the device's time: the GIL is free for the other threads

@@ -126,6 +126,36 @@ def test_abort_reports_and_frees(path, make_llm):
     assert not core.abort("unknown")
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_abort_once_a_step_is_launched_keeps_the_others_exact(path, make_llm, overlap):
+    """`EngineCore.step(launched_hook)`: the serving loop applies aborts there, while the device
+    computes the step just launched (and, with overlap, the one before it). The requests left get
+    the tokens of a run without the aborts, and every page comes back (pool invariant fixture)."""
+    p = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    prompts = [prompt * 4 for prompt in PROMPTS * 2]
+    # Pages of one token: whatever KV an aborted request has goes to the prefix cache, keyed by
+    # its token ids, including KV computed for a token the host has not yet seen.
+    config = {"max_prefill_tokens": 16, "overlap": overlap, "page_size": 1}
+    ref = [o.token_ids for o in make_llm(path, **config).generate(prompts, p)]
+    core = make_llm(path, **config).core
+    for i, prompt in enumerate(prompts):
+        core.add_request(f"r{i}", prompt, p)
+    doomed = iter(["r0", "r3", "r5", "r6"])  # mid-prefill, then in decode with steps in flight
+    tokens: dict[str, list[int]] = {}
+    aborted = []
+    step = 0
+    while core.has_work():
+        step += 1
+        hook = (lambda: aborted.append(core.abort(next(doomed)))) if step in (2, 12, 13, 16) \
+            else None
+        for out in core.step(hook):
+            tokens.setdefault(out.rid, []).extend(out.token_ids)
+    assert aborted == [True] * 4
+    for i, want in enumerate(ref):
+        if f"r{i}" not in ("r0", "r3", "r5", "r6"):
+            assert tokens[f"r{i}"] == want, f"r{i}"
+
+
 def test_logprobs_are_returned(path, make_llm):
     llm = make_llm(path)
     out = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_new_tokens=5, top_logprobs=3))

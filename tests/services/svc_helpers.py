@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -92,9 +92,14 @@ class FakeEngine:
     def has_work(self) -> bool:
         return bool(self.reqs)
 
-    def step(self) -> list[StepOutput]:
-        if self.step_delay_s:
-            time.sleep(self.step_delay_s)
+    def step(self, launched_hook: Callable[[], None] | None = None) -> list[StepOutput]:
+        if self.step_delay_s:  # the device's time; the hook runs halfway, as with a real step
+            time.sleep(self.step_delay_s / 2)
+            if launched_hook is not None:
+                launched_hook()
+            time.sleep(self.step_delay_s / 2)
+        elif launched_hook is not None:
+            launched_hook()
         self.steps += 1
         outs = []
         for rid, req in list(self.reqs.items()):

@@ -131,7 +131,7 @@ def test_loop_group_needs_room_for_every_member() -> None:
 
 def test_loop_engine_crash_is_fatal() -> None:
     engine, sink = FakeEngine(), Sink()
-    engine.step = lambda: 1 / 0  # type: ignore[method-assign]
+    engine.step = lambda hook=None: 1 / 0  # type: ignore[method-assign]
     lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False))
     lp.start()
     lp.submit(Submission("gw", [new("a")]))
@@ -149,6 +149,34 @@ def test_loop_watchdog_quiet_when_idle_or_slow_but_moving() -> None:
     time.sleep(1.2)
     assert not sink.fatal and not sink.stalls
     lp.stop(1)
+
+
+def test_loop_applies_an_abort_that_arrives_during_a_step_within_that_step() -> None:
+    """An abort that reaches the loop while a step runs is applied once the step has launched
+    (the engine's launched_hook), not after it: the engine aborts within that step, that step
+    reports no output for the request, and its StepBatch names it aborted."""
+    loop: list[EngineLoop] = []
+
+    class Racing(FakeEngine):
+        def step(self, launched_hook: Any = None) -> list[Any]:
+            if self.steps == 3:  # the abort arrives as the fourth step starts
+                loop[0].submit(Submission("gw", abort_ids=["a"]))
+            return super().step(launched_hook)
+
+    engine, sink = Racing(step_delay_s=0.02), Sink()
+    lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False, idle_poll_s=0.05))
+    loop.append(lp)
+    lp.start()
+    try:
+        lp.submit(Submission("gw", [new("a", 1000), new("b", 1000)]))
+        wait_for(lambda: "a" in engine.abort_steps and lp.stats.get("running_requests") == 1)
+        assert engine.abort_steps["a"] == 3  # in step 4, before its outputs (steps counts after)
+        wait_for(lambda: any(b.aborted for b in sink.steps))  # emitted when that step ends
+        batch = next(b for b in sink.steps if b.aborted)
+        assert batch.aborted == ["a"]
+        assert [o.rid for o in batch.outputs] == ["b"]
+    finally:
+        lp.stop(1.0)
 
 
 def test_loop_abort_frees_before_the_next_step_and_shows_it() -> None:
