@@ -10,15 +10,18 @@ hold and read the streams that stay, and this one holds only those it cancels. F
 it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
 `radixserve_engine_steps_total`) until the running count drops by one: the time from the cancel to
 that snapshot, and the engine steps run between. The scheduler publishes the snapshot as soon as it
-has freed aborted requests (before its next step), so the figures are the client -> gateway ->
-scheduler path plus the wait for the step in progress, plus up to one HTTP poll (every 2 ms). With
---launch, serve gets --max-running-requests and --metrics-port.
+has freed aborted requests (within the step in progress), so the figures are the client ->
+gateway -> scheduler path plus the wait for the engine loop to drain it, plus up to one HTTP poll
+(every 2 ms). Of that, the client's own lag (from the bench's cancel to the call's loop making it)
+is shown apart.
+With --launch, serve gets --max-running-requests and --metrics-port.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import multiprocessing
 import random
@@ -96,8 +99,17 @@ class _Streams:
         except grpc.aio.AioRpcError as e:
             self.failures.append(f"{e.code().name}: {e.details()}")
 
-    def cancel(self, call: Any) -> None:
-        self.loop.call_soon_threadsafe(call.cancel)  # aio calls belong to their loop
+    def cancel(self, call: Any) -> concurrent.futures.Future[float]:
+        """Cancel `call` on its loop (aio calls belong to it); the future gives when the cancel
+        was made there (time.monotonic), after whatever the loop had queued before it."""
+        made: concurrent.futures.Future[float] = concurrent.futures.Future()
+
+        def cancel() -> None:
+            made.set_result(time.monotonic())
+            call.cancel()
+
+        self.loop.call_soon_threadsafe(cancel)
+        return made
 
     def close(self) -> None:
         async def _close() -> None:
@@ -185,20 +197,21 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
                        else streams.failures[:3] or "no stream failed")
                 raise SystemExit(f"the scheduler never ran {running} requests at once ({why})")
             time.sleep(0.05)
-        ms, steps = [], []
+        ms, lags, steps = [], [], []
         doomed = random.Random(seed).sample(streams.calls, cancels)
         began, first_step = time.monotonic(), scrape(metrics_url)[1]
         for call in doomed:
             before, _ = scrape(metrics_url)
             t0 = time.monotonic()
             _, step0 = scrape(metrics_url)
-            streams.cancel(call)
+            made = streams.cancel(call)
             while True:
                 now_running, step = scrape(metrics_url)
                 if now_running < before:
                     break
                 time.sleep(0.002)  # polls take the scheduler's GIL: do not starve its engine
             ms.append(time.monotonic() - t0)
+            lags.append(made.result(10) - t0)
             steps.append(step - step0)
             if now_running != before - 1:  # another request ended on its own: not measurable
                 raise SystemExit("a request finished during the run; raise --output-len")
@@ -211,7 +224,7 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
         raise SystemExit(f"{len(streams.failures)} streams failed: {streams.failures[:3]}")
     return {"running": running, "channels": channels, "processes": processes, "read": read,
             "cancels": cancels,
-            "ms": percentiles(ms), "step_ms": step_ms,
+            "ms": percentiles(ms), "client_lag_ms": percentiles(lags), "step_ms": step_ms,
             "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)}}
 
 
@@ -229,6 +242,8 @@ def format_table(r: dict[str, Any]) -> str:
         "",
         "| cancel -> freed | p50 | p99 | max | target |", "|---|---|---|---|---|",
         f"| ms | {r['ms']['p50']:.1f} | {r['ms']['p99']:.1f} | | <= 100 p99 |",
+        f"| of it, the client's own lag before its cancel went out (ms) | "
+        f"{r['client_lag_ms']['p50']:.1f} | {r['client_lag_ms']['p99']:.1f} | | |",
         f"| engine steps | {r['steps']['p50']} | {r['steps']['p99']} | {r['steps']['max']} "
         "| <= 2 |",
     ])
