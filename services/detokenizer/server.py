@@ -48,9 +48,13 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         self._states.add(state)
         await context.send_initial_metadata(())  # lets the client's wait_for_connection return
         log.info("scheduler stream opened")
+        # Steps are read and stamped as they arrive, while the worker may still be applying an
+        # earlier one: the received stamp is the wire's, and a backlog shows after it.
+        arrivals: asyncio.Queue[tuple[pb.ProcessRequest, int] | None] = asyncio.Queue()
+        reader = asyncio.create_task(_read_stamped(request_iterator, arrivals))
         try:
-            async for request in request_iterator:
-                received = time.time_ns()
+            while (arrival := await arrivals.get()) is not None:
+                request, received = arrival
                 names = set(self._subscribers.values())
                 deltas, aborts = await loop.run_in_executor(self._worker, _apply, state, request,
                                                             names, received)
@@ -60,7 +64,9 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
                         queue.put_nowait(message)
                 if aborts is not None:
                     await context.write(aborts)
+            await reader  # the stream's end, or its error
         finally:
+            reader.cancel()
             # The scheduler went away: nobody will finish its requests, so forget them all. The
             # reset runs on the worker so it cannot interleave with a step still being applied.
             self._worker.submit(state.reset)
@@ -83,6 +89,16 @@ class DetokenizerServicer(pb_grpc.DetokenizerServiceServicer):
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatsResponse:
         return convert.stats_to_pb(self.live_requests, len(self._subscribers))
+
+
+async def _read_stamped(requests: AsyncIterator[pb.ProcessRequest],
+                        arrivals: asyncio.Queue[tuple[pb.ProcessRequest, int] | None]) -> None:
+    """Each step with its arrival time (wall clock, ns); None once the stream ends or fails."""
+    try:
+        async for request in requests:
+            arrivals.put_nowait((request, time.time_ns()))
+    finally:
+        arrivals.put_nowait(None)
 
 
 def _apply(state: DetokenizerState, request: pb.ProcessRequest, subscribers: set[str],
