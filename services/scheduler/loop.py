@@ -139,7 +139,7 @@ class EngineLoop:
             if self._config.warmup:
                 _warm_up(engine)
             self.engine = engine
-            self.stats = dict(engine.stats())
+            self._publish_stats(engine)
             self._beat = time.monotonic()
             self._sink.on_ready(engine.model_info)
             busy = False
@@ -192,7 +192,7 @@ class EngineLoop:
                                          time.time_ns()))
         if not (it.applied or outputs):
             return was_busy
-        self.stats = {**engine.stats(), "engine_steps_total": self._steps}
+        self._publish_stats(engine)
         busy = engine.has_work()
         if was_busy and not busy:
             # Idle: the pool invariant must hold and no request may be left behind.
@@ -215,7 +215,11 @@ class EngineLoop:
             self._sink.on_acks(Acks(owner, [], rejected))
         it.accepted, it.rejected = {}, {}
         if len(it.aborted) > freed:
-            self.stats = {**engine.stats(), "engine_steps_total": self._steps}
+            self._publish_stats(engine)
+
+    def _publish_stats(self, engine: EngineLike) -> None:
+        """Replace the snapshot other threads read (queue_full, metrics) with the engine's now."""
+        self.stats = {**engine.stats(), "engine_steps_total": self._steps}
 
     def _drain(self, block: bool) -> list[Command]:
         commands: list[Command] = []
