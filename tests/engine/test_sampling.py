@@ -140,7 +140,8 @@ def test_abort_once_a_step_is_launched_keeps_the_others_exact(path, make_llm, ov
     core = make_llm(path, **config).core
     for i, prompt in enumerate(prompts):
         core.add_request(f"r{i}", prompt, p)
-    doomed = iter(["r0", "r3", "r5", "r6"])  # mid-prefill, then in decode with steps in flight
+    doomed_ids = ("r0", "r3", "r5", "r6")  # mid-prefill, then in decode with steps in flight
+    doomed = iter(doomed_ids)
     tokens: dict[str, list[int]] = {}
     aborted = []
     step = 0
@@ -152,7 +153,7 @@ def test_abort_once_a_step_is_launched_keeps_the_others_exact(path, make_llm, ov
             tokens.setdefault(out.rid, []).extend(out.token_ids)
     assert aborted == [True] * 4
     for i, want in enumerate(ref):
-        if f"r{i}" not in ("r0", "r3", "r5", "r6"):
+        if f"r{i}" not in doomed_ids:
             assert tokens[f"r{i}"] == want, f"r{i}"
 
 
