@@ -56,6 +56,9 @@ class DetokenizeStep(NamedTuple):
     stopped: str | None  # the stop string matched by this push, else None
 
 
+_NOTHING = DetokenizeStep("", None)
+
+
 class IncrementalDetokenizer:
     """Turns one request's generated ids into text deltas, applying stop strings.
 
@@ -76,19 +79,9 @@ class IncrementalDetokenizer:
     ) -> None:
         if isinstance(stop, str):
             stop = (stop,)
-        self._tokenizer = tokenizer
-        self._skip_special_tokens = skip_special_tokens
+        self._text = _WindowText(tokenizer, prompt_ids, skip_special_tokens)
         self._stop = tuple(dict.fromkeys(s for s in stop if s))  # dedup; "" would match anywhere
         self._include_stop_str = include_stop_str
-        # Only the window is kept: ids before the prefix offset are dropped as it moves, so the
-        # prefix offset is always 0 here and `_ids[:_read_offset]` is the context.
-        self._ids: list[int] = list(prompt_ids[-PROMPT_CONTEXT_IDS:]) if prompt_ids else []
-        self._read_offset = len(self._ids)
-        self._prefix_text = self._decode(self._ids)
-        if self._prefix_text.endswith(REPLACEMENT_CHAR):
-            # The prompt ends mid-character. Its tail as context would swallow the bytes that
-            # complete it; without context they show up as U+FFFD, as a one-shot decode shows them.
-            self._ids, self._read_offset, self._prefix_text = [], 0, ""
         self._pending = ""  # decoded, not emitted: a suffix that may begin a stop string
         self._chunks: list[str] = []
         self._matched_stop: str | None = None
@@ -114,13 +107,13 @@ class IncrementalDetokenizer:
     def push(self, token_ids: Sequence[int]) -> DetokenizeStep:
         """Add newly generated ids; return the text they release and any stop string matched."""
         if self._done or not token_ids:
-            return DetokenizeStep("", None)
-        self._ids.extend(token_ids)
-        text = self._decode(self._ids)
-        if len(text) <= len(self._prefix_text) or text.endswith(REPLACEMENT_CHAR):
-            return DetokenizeStep("", None)  # nothing visible yet, or a character is unfinished
-        delta = text[len(self._prefix_text) :]
-        self._advance_window()
+            return _NOTHING
+        delta = self._text.push(token_ids)
+        if not delta:
+            return _NOTHING  # nothing visible yet, or a character is unfinished
+        if not self._stop:  # what `_release` does without stop strings, at a fraction of the cost
+            self._chunks.append(delta)
+            return DetokenizeStep(delta, None)
         return self._release(self._pending + delta, final=False)
 
     def flush(self) -> str:
@@ -128,23 +121,9 @@ class IncrementalDetokenizer:
         A stop string completed by that text still counts (see `matched_stop`)."""
         if self._done:
             return ""
-        text = self._decode(self._ids).rstrip(REPLACEMENT_CHAR)
-        delta = text[len(self._prefix_text) :]
-        step = self._release(self._pending + delta, final=True)
+        step = self._release(self._pending + self._text.flush(), final=True)
         self._done = True
         return step.text
-
-    def _decode(self, ids: list[int]) -> str:
-        if not ids:
-            return ""
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
-
-    def _advance_window(self) -> None:
-        # The part just emitted becomes the context of the next decode; the old context is no
-        # longer needed, so it is dropped and the read offset rebased.
-        del self._ids[: self._read_offset]
-        self._read_offset = len(self._ids)
-        self._prefix_text = self._decode(self._ids)
 
     def _release(self, text: str, *, final: bool) -> DetokenizeStep:
         """Emit what of `text` (pending + new) is safe, keep the rest pending."""
@@ -162,6 +141,48 @@ class IncrementalDetokenizer:
         if text:
             self._chunks.append(text)
         return DetokenizeStep(text, stopped)
+
+
+class _WindowText:
+    """The text of pushed ids through `tokenizer.decode` of a short window (module docstring)."""
+
+    def __init__(self, tokenizer: TextDecoder, prompt_ids: Sequence[int] | None,
+                 skip_special_tokens: bool) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        # Only the window is kept: ids before the prefix offset are dropped as it moves, so the
+        # prefix offset is always 0 here and `_ids[:_read_offset]` is the context.
+        self._ids: list[int] = list(prompt_ids[-PROMPT_CONTEXT_IDS:]) if prompt_ids else []
+        self._read_offset = len(self._ids)
+        self._prefix_text = self._decode(self._ids)
+        if self._prefix_text.endswith(REPLACEMENT_CHAR):
+            # The prompt ends mid-character. Its tail as context would swallow the bytes that
+            # complete it; without context they show up as U+FFFD, as a one-shot decode shows them.
+            self._ids, self._read_offset, self._prefix_text = [], 0, ""
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """The text the ids release: "" while nothing new shows or a character is unfinished."""
+        self._ids.extend(token_ids)
+        text = self._decode(self._ids)
+        if len(text) <= len(self._prefix_text) or text.endswith(REPLACEMENT_CHAR):
+            return ""
+        delta = text[len(self._prefix_text) :]
+        # The part just released becomes the context of the next decode; the old context is no
+        # longer needed, so it is dropped and the read offset rebased.
+        del self._ids[: self._read_offset]
+        self._read_offset = len(self._ids)
+        self._prefix_text = self._decode(self._ids)
+        return delta
+
+    def flush(self) -> str:
+        """The text not yet released, less a trailing incomplete character."""
+        text = self._decode(self._ids).rstrip(REPLACEMENT_CHAR)
+        return text[len(self._prefix_text) :]
+
+    def _decode(self, ids: list[int]) -> str:
+        if not ids:
+            return ""
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
