@@ -1,5 +1,6 @@
 """IncrementalDetokenizer: streamed deltas add up to a one-shot decode, UTF-8 stays whole, and
-stop strings cut the text exactly where a one-shot search would."""
+stop strings cut the text exactly where a one-shot search would. The byte path (a `ByteTable`)
+releases what the window path releases, push for push, and its table is checked before use."""
 
 from __future__ import annotations
 
@@ -10,10 +11,25 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from radixserve.engine import detokenize
 from radixserve.engine.demo import train_tokenizer
 from radixserve.engine.demo_corpus import CORPUS
-from radixserve.engine.detokenize import IncrementalDetokenizer, fast_decoder
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from radixserve.engine.detokenize import (
+    ByteTable,
+    IncrementalDetokenizer,
+    byte_table,
+    fast_decoder,
+    stream_decoder,
+)
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
 from transformers import PreTrainedTokenizerFast
 
 TOK = train_tokenizer()
@@ -233,3 +249,129 @@ def test_fast_decoder_streams_what_the_transformers_tokenizer_streams(ids, skip,
     slow = stream(IncrementalDetokenizer(HF_TOK, skip_special_tokens=skip), ids, cuts)
     assert fast == slow
     assert "".join(fast) == HF_TOK.decode(ids, skip_special_tokens=skip).rstrip("\ufffd")
+
+
+TABLE = byte_table(TOK)
+SPECIAL_IDS = [0, 1, 2]  # the demo's <|endoftext|>, <|im_start|>, <|im_end|>
+# Bytes that leave or break a UTF-8 character: continuation bytes, leads of 2 to 4 bytes, leads
+# whose next byte has a narrower range (E0, ED, F0, F4), bytes never valid (C0, F5, FF).
+ODD_BYTES = [0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC3, 0xE0, 0xE4, 0xED, 0xF0, 0xF4, 0xF5,
+             0xFF]
+# Ids a stream may carry: any token, single odd bytes, special tokens, an id past the vocabulary.
+ANY_ID = st.one_of(st.integers(0, VOCAB - 1), st.sampled_from(byte_ids(bytes(ODD_BYTES))),
+                   st.sampled_from([*SPECIAL_IDS, VOCAB + 3]))
+
+
+def test_byte_table_is_built_only_where_it_decodes_as_the_tokenizer():
+    assert isinstance(TABLE, ByteTable) and len(TABLE) == VOCAB
+    assert isinstance(byte_table(HF_TOK), ByteTable)  # a transformers tokenizer over TOK
+    assert byte_table(SP_TOK) is None  # not byte-level: its decoder strips, fuses, falls back
+    cleaning = PreTrainedTokenizerFast(tokenizer_object=TOK, clean_up_tokenization_spaces=True)
+    assert byte_table(cleaning) is None  # transformers edits the text after the Rust decode
+    assert isinstance(stream_decoder(HF_TOK), ByteTable)
+    assert stream_decoder(SP_TOK) is SP_TOK and stream_decoder(cleaning) is cleaning
+    ids = TOK.encode("<|im_start|>assistant\nCafé 🙂 and 你好<|im_end|>").ids
+    for skip in (True, False):
+        assert TABLE.decode(ids, skip) == TOK.decode(ids, skip_special_tokens=skip)
+    assert TABLE.decode(ids) == "assistant\nCafé 🙂 and 你好"
+
+
+def test_byte_table_follows_the_decoder_on_added_tokens():
+    """The ByteLevel decoder maps an added token through the byte alphabet like any other token
+    when all its characters are in it ("<é>" decodes to "<" 0xE9 ">", invalid UTF-8), and writes
+    one with a character outside it (a space, "ß") as its UTF-8."""
+    tok = train_tokenizer()
+    tok.add_tokens([AddedToken("<é>"), AddedToken("a ß")])
+    tok.add_special_tokens([AddedToken("<tool é>", special=True)])
+    table = byte_table(tok)
+    assert table is not None
+    ids = [tok.token_to_id(t) for t in ("<é>", "a ß", "<tool é>")]
+    assert table.decode(ids[:1]) == tok.decode(ids[:1]) == "<\ufffd>"
+    assert table.decode(ids, False) == tok.decode(ids, skip_special_tokens=False) == \
+        "<\ufffd>a ß<tool é>"
+    assert table.decode(ids, True) == "<\ufffd>a ß"
+
+
+def test_a_table_that_decodes_otherwise_is_refused(monkeypatch):
+    """The check at construction is what makes the table safe: a wrong entry, a special token not
+    marked as one, or ids joined otherwise than by concatenation each refuse the table."""
+    real = detokenize._bytes_of_token
+    monkeypatch.setattr(detokenize, "_bytes_of_token",
+                        lambda t: b"?" if t == "Ġthe" else real(t))
+    assert byte_table(TOK) is None
+    monkeypatch.setattr(detokenize, "_bytes_of_token", real)
+    real_table = detokenize.ByteTable
+    monkeypatch.setattr(detokenize, "ByteTable",
+                        lambda token_bytes, special: real_table(token_bytes, list(special)[1:]))
+    assert byte_table(TOK) is None
+    monkeypatch.setattr(detokenize, "ByteTable", real_table)
+    # One id at a time decodes right; only the sequences of several ids can tell.
+    monkeypatch.setattr(detokenize, "_join_bytes",
+                        lambda table, ids: b" ".join([table[i] for i in ids if i < len(table)]))
+    assert byte_table(TOK) is None
+    monkeypatch.undo()
+    assert isinstance(byte_table(TOK), ByteTable)
+
+
+def _steps(detok: IncrementalDetokenizer, ids: list[int], cuts: list[int]) -> list[tuple]:
+    """Every push's (text, stopped) for `ids` split at `cuts`, then the flush and the end state."""
+    bounds = sorted({0, len(ids), *(c % (len(ids) + 1) for c in cuts)})
+    steps = [tuple(detok.push(ids[a:b])) for a, b in itertools.pairwise(bounds)]
+    return [*steps, (detok.flush(), detok.matched_stop, detok.full_text)]
+
+
+@FAST
+@given(
+    ids=st.lists(ANY_ID, max_size=40),
+    cuts=st.lists(st.integers(0, 40), max_size=8),
+    skip=st.booleans(),
+    prompt=st.lists(ANY_ID, max_size=8),
+)
+def test_byte_path_releases_what_the_window_releases(ids, cuts, skip, prompt):
+    by_bytes = _steps(IncrementalDetokenizer(TABLE, prompt, skip_special_tokens=skip), ids, cuts)
+    by_window = _steps(IncrementalDetokenizer(TOK, prompt, skip_special_tokens=skip), ids, cuts)
+    assert by_bytes == by_window
+    expected = TOK.decode([i for i in ids if i < VOCAB], skip_special_tokens=skip)
+    assert by_bytes[-1][2] == expected.rstrip("\ufffd")
+
+
+@FAST
+@given(data=st.binary(max_size=24), cuts=st.lists(st.integers(0, 24), max_size=8))
+def test_byte_path_decodes_any_bytes_as_the_tokenizer(data, cuts):
+    """One id per byte: Python's UTF-8 decoding, fed piecewise, replaces invalid bytes exactly as
+    the tokenizer's one-shot decode does."""
+    ids = byte_ids(data)
+    by_bytes = _steps(IncrementalDetokenizer(TABLE), ids, cuts)
+    assert by_bytes == _steps(IncrementalDetokenizer(TOK), ids, cuts)
+    assert by_bytes[-1][2] == TOK.decode(ids).rstrip("\ufffd")
+
+
+@FAST
+@given(
+    text=st.text(alphabet=ALPHABET, max_size=40),
+    extra=st.lists(ANY_ID, max_size=6),
+    stops=st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=6), max_size=3),
+    picks=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6)), max_size=2),
+    include=st.booleans(),
+    cuts=st.lists(st.integers(0, 80), max_size=10),
+)
+def test_byte_path_stops_where_the_window_stops(text, extra, stops, picks, include, cuts):
+    stops = stops + [text[a : a + n] for a, n in picks if text[a : a + n]]
+    ids = TOK.encode(text).ids
+    ids = ids[: len(ids) // 2] + extra + ids[len(ids) // 2 :]  # odd bytes amid the text
+    by_bytes = _steps(IncrementalDetokenizer(TABLE, stop=stops, include_stop_str=include), ids,
+                      cuts)
+    by_window = _steps(IncrementalDetokenizer(TOK, stop=stops, include_stop_str=include), ids,
+                       cuts)
+    assert by_bytes == by_window
+
+
+def test_byte_path_never_decodes_a_window():
+    class NoWindows(ByteTable):
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            raise AssertionError("the byte path decodes bytes, not id windows")
+
+    ids = TOK.encode(CORPUS).ids
+    table = NoWindows(TABLE.token_bytes(False), SPECIAL_IDS)
+    detok = IncrementalDetokenizer(table, prompt_ids=ids[:9], stop=["never appears"])
+    assert "".join([detok.push([i]).text for i in ids] + [detok.flush()]) == CORPUS
