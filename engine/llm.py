@@ -36,17 +36,21 @@ def resolve_model_path(model_path: str) -> str:
 
 class LLM:
     def __init__(self, model_path: str = "demo", **config: Any) -> None:
+        from radixserve.engine.detokenize import stream_decoder
         from transformers import AutoTokenizer
 
         path = resolve_model_path(model_path)
         self.core = EngineCore(EngineConfig(model_path=path, **config))
         self.tokenizer = AutoTokenizer.from_pretrained(path)
+        # Built once (a byte-level tokenizer's table reads the whole vocabulary), shared by every
+        # request's detokenizer.
+        self._decoder = stream_decoder(self.tokenizer)
         self._ids = itertools.count()
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[GenerationOutput]:
-        from radixserve.engine.detokenize import IncrementalDetokenizer, fast_decoder
+        from radixserve.engine.detokenize import IncrementalDetokenizer
 
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -57,14 +61,13 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         outputs: dict[str, GenerationOutput] = {}
         detoks: dict[str, IncrementalDetokenizer] = {}
-        decoder = fast_decoder(self.tokenizer)
         try:
             for prompt, p in zip(prompts, params_list):
                 ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
                 rid = f"offline-{next(self._ids)}"
                 self.core.add_request(rid, ids, p)
                 outputs[rid] = GenerationOutput(prompt if isinstance(prompt, str) else list(prompt))
-                detoks[rid] = IncrementalDetokenizer(decoder, ids, stop=p.stop,
+                detoks[rid] = IncrementalDetokenizer(self._decoder, ids, stop=p.stop,
                                                      include_stop_str=p.include_stop_str)
         except BaseException:
             for rid in outputs:  # all or nothing: a bad prompt leaves no request behind

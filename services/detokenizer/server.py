@@ -121,10 +121,11 @@ def _apply(state: DetokenizerState, request: pb.ProcessRequest, subscribers: set
 
 def hf_factory(tokenizer: Any) -> DetokenizerFactory:
     """A factory of the engine's incremental detokenizer over one HF tokenizer (decoding through
-    its Rust core where that gives the same text)."""
-    from radixserve.engine.detokenize import IncrementalDetokenizer, fast_decoder
+    its byte table, else its Rust core, where that gives the same text). The decoder is built here,
+    once: a byte table reads the whole vocabulary, and every request shares it."""
+    from radixserve.engine.detokenize import IncrementalDetokenizer, stream_decoder
 
-    decoder = fast_decoder(tokenizer)
+    decoder = stream_decoder(tokenizer)
 
     def make(setup: Setup) -> Detokenizer:
         return IncrementalDetokenizer(

@@ -60,3 +60,32 @@ def test_a_step_that_arrives_while_one_is_applied_is_stamped_on_arrival() -> Non
     assert [d.request_id for d in first.deltas] == ["a"] and second.deltas
     assert first.received_unix_ns <= first.detokenized_unix_ns
     assert second.received_unix_ns < first.detokenized_unix_ns  # read while the first was applied
+
+
+def test_hf_factory_builds_one_byte_table_that_every_request_decodes_with(
+    demo_path: str, monkeypatch
+) -> None:
+    """A byte-level tokenizer's detokenizers take the byte path, all through the one table the
+    factory built (building reads the whole vocabulary, too slow for each request)."""
+    from radixserve.engine import detokenize
+    from radixserve.services.detokenizer.state import Setup
+    from transformers import AutoTokenizer
+
+    built, given = [], []
+    real_table = detokenize.byte_table
+    monkeypatch.setattr(detokenize, "byte_table", lambda tok: built.append(tok) or real_table(tok))
+
+    class Recording(detokenize.IncrementalDetokenizer):
+        def __init__(self, tokenizer, *args) -> None:
+            given.append(tokenizer)
+            super().__init__(tokenizer, *args)
+
+    monkeypatch.setattr(detokenize, "IncrementalDetokenizer", Recording)
+    tokenizer = AutoTokenizer.from_pretrained(demo_path)
+    factory = detok_server.hf_factory(tokenizer)
+    ids = tokenizer.encode(" Café 🙂 and 你好")
+    for rid in ("a", "b"):
+        detok = factory(Setup(rid, [1, 2]))
+        assert "".join([detok.push([i]).text for i in ids] + [detok.flush()]) == " Café 🙂 and 你好"
+    assert len(built) == 1 and len(given) == 2 and given[0] is given[1]
+    assert isinstance(given[0], detokenize.ByteTable)
