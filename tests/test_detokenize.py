@@ -11,16 +11,11 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from radixserve.engine import detokenize
+from radixserve.engine import byte_table as table_module
+from radixserve.engine.byte_table import ByteTable, byte_table
 from radixserve.engine.demo import train_tokenizer
 from radixserve.engine.demo_corpus import CORPUS
-from radixserve.engine.detokenize import (
-    ByteTable,
-    IncrementalDetokenizer,
-    byte_table,
-    fast_decoder,
-    stream_decoder,
-)
+from radixserve.engine.detokenize import IncrementalDetokenizer, fast_decoder, stream_decoder
 from tokenizers import (
     AddedToken,
     Tokenizer,
@@ -264,10 +259,11 @@ ANY_ID = st.one_of(st.integers(0, VOCAB - 1), st.sampled_from(byte_ids(bytes(ODD
 
 def test_byte_table_is_built_only_where_it_decodes_as_the_tokenizer():
     assert isinstance(TABLE, ByteTable) and len(TABLE) == VOCAB
-    assert isinstance(byte_table(HF_TOK), ByteTable)  # a transformers tokenizer over TOK
+    assert isinstance(byte_table(fast_decoder(HF_TOK)), ByteTable)  # transformers over TOK
     assert byte_table(SP_TOK) is None  # not byte-level: its decoder strips, fuses, falls back
     cleaning = PreTrainedTokenizerFast(tokenizer_object=TOK, clean_up_tokenization_spaces=True)
-    assert byte_table(cleaning) is None  # transformers edits the text after the Rust decode
+    # transformers edits the text after the Rust decode: its own decode must be used
+    assert fast_decoder(cleaning) is cleaning and byte_table(cleaning) is None
     assert isinstance(stream_decoder(HF_TOK), ByteTable)
     assert stream_decoder(SP_TOK) is SP_TOK and stream_decoder(cleaning) is cleaning
     ids = TOK.encode("<|im_start|>assistant\nCafé 🙂 and 你好<|im_end|>").ids
@@ -295,18 +291,18 @@ def test_byte_table_follows_the_decoder_on_added_tokens():
 def test_a_table_that_decodes_otherwise_is_refused(monkeypatch):
     """The check at construction is what makes the table safe: a wrong entry, a special token not
     marked as one, or ids joined otherwise than by concatenation each refuse the table."""
-    real = detokenize._bytes_of_token
-    monkeypatch.setattr(detokenize, "_bytes_of_token",
+    real = table_module._bytes_of_token
+    monkeypatch.setattr(table_module, "_bytes_of_token",
                         lambda t: b"?" if t == "Ġthe" else real(t))
     assert byte_table(TOK) is None
-    monkeypatch.setattr(detokenize, "_bytes_of_token", real)
-    real_table = detokenize.ByteTable
-    monkeypatch.setattr(detokenize, "ByteTable",
+    monkeypatch.setattr(table_module, "_bytes_of_token", real)
+    real_table = table_module.ByteTable
+    monkeypatch.setattr(table_module, "ByteTable",
                         lambda token_bytes, special: real_table(token_bytes, list(special)[1:]))
     assert byte_table(TOK) is None
-    monkeypatch.setattr(detokenize, "ByteTable", real_table)
+    monkeypatch.setattr(table_module, "ByteTable", real_table)
     # One id at a time decodes right; only the sequences of several ids can tell.
-    monkeypatch.setattr(detokenize, "_join_bytes",
+    monkeypatch.setattr(table_module, "join_bytes",
                         lambda table, ids: b" ".join([table[i] for i in ids if i < len(table)]))
     assert byte_table(TOK) is None
     monkeypatch.undo()
