@@ -111,6 +111,30 @@ def test_each_stop_condition_reports_its_reason(path, make_llm):
     assert kept.text == text[: text.index(stop) + len(stop)]
 
 
+def test_offline_text_is_decoded_through_the_byte_table(path, make_llm, monkeypatch):
+    """`LLM` builds its tokenizer's byte table once and every request's detokenizer decodes
+    through it; the text is the tokenizer's decode of the ids."""
+    from radixserve.engine import detokenize
+    from radixserve.engine.byte_table import ByteTable
+
+    given = []
+
+    class Recording(detokenize.IncrementalDetokenizer):
+        def __init__(self, tokenizer, *args, **kwargs) -> None:
+            given.append(tokenizer)
+            super().__init__(tokenizer, *args, **kwargs)
+
+    monkeypatch.setattr(detokenize, "IncrementalDetokenizer", Recording)
+    llm = make_llm(path)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=12,
+                                                ignore_eos=True))
+    assert len(given) == len(PROMPTS) and isinstance(given[0], ByteTable)
+    assert all(t is given[0] for t in given)
+    for out in outs:
+        assert out.text == llm.tokenizer.decode(out.token_ids,
+                                                skip_special_tokens=True).rstrip("\ufffd")
+
+
 def test_abort_reports_and_frees(path, make_llm):
     llm = make_llm(path, max_prefill_tokens=16)
     core = llm.core
