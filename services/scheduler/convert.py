@@ -105,10 +105,20 @@ def step_to_pb(batch: StepBatch) -> detok_pb.ProcessRequest:
             for s in batch.setups
         ],
     )
-    # One row per running request each step: added in place, and only the fields a row has set
-    # (0.95 µs a row against 1.6 for a TokenOutput built with every field and then copied in).
+    # One row per running request each step. Plain rows (one token, nothing else) go into two
+    # packed columns: 256 of them cost 0.30 ms as TokenOutput messages on the 2-core VM, and the
+    # detokenizer's parse and conversion of them 0.52 ms. The others are added in place, with
+    # only the fields a row has set.
+    plain_ids, plain_tokens = msg.plain_request_ids, msg.plain_token_ids
+    rids: list[str] = []
+    tokens: list[int] = []
     add = msg.outputs.add
     for out in batch.outputs:
+        if (out.finish_reason is None and not out.logprobs and len(out.token_ids) == 1
+                and out.matched_stop_token is None):
+            rids.append(out.rid)
+            tokens.append(out.token_ids[0])
+            continue
         row = add(request_id=out.rid, token_ids=out.token_ids, prompt_tokens=out.prompt_tokens,
                   cached_tokens=out.cached_tokens)
         if out.logprobs:
@@ -117,6 +127,8 @@ def step_to_pb(batch: StepBatch) -> detok_pb.ProcessRequest:
             row.finish_reason = _REASONS[out.finish_reason]
         if out.matched_stop_token is not None:
             row.matched_stop_token = out.matched_stop_token
+    plain_ids.extend(rids)
+    plain_tokens.extend(tokens)
     return msg
 
 

@@ -23,6 +23,8 @@ def test_step_rows_reach_the_state() -> None:
     msg.outputs.add(request_id="lp", token_ids=[12, 13], logprobs=_logprobs(), cached_tokens=4)
     msg.outputs.add(request_id="stop", token_ids=[2], matched_stop_token=2,
                     finish_reason=pb.FINISH_REASON_STOP_TOKEN)
+    msg.plain_request_ids.extend(["p1", "p2"])
+    msg.plain_token_ids.extend([21, 22])
 
     step = convert.step_from_pb(msg)
 
@@ -30,7 +32,9 @@ def test_step_rows_reach_the_state() -> None:
     (s,) = step.setups
     assert (s.rid, list(s.prompt_ids), s.stop, s.include_stop_str, s.subscriber) == (
         "new", [1, 2, 3], ("END",), True, "g1")
-    plain, lp, stop = step.outputs
+    plain, lp, stop, p1, p2 = step.outputs
+    assert [(o.rid, list(o.token_ids)) for o in (p1, p2)] == [("p1", [21]), ("p2", [22])]
+    assert p1.finish_reason is None and not p1.logprobs and p1.prompt_tokens == 0
     assert (plain.rid, list(plain.token_ids), plain.prompt_tokens) == ("plain", [11], 7)
     assert plain.finish_reason is None and plain.matched_stop_token is None
     assert [x.logprob for x in lp.logprobs] == [-0.5, -2.0] and lp.cached_tokens == 4

@@ -27,10 +27,9 @@ def test_step_message_carries_every_row_field() -> None:
     assert len(msg.setups[0].prompt_ids) < 1000  # only the prompt's tail travels
     assert list(msg.setups[0].prompt_ids) == list(range(1000))[-len(msg.setups[0].prompt_ids):]
 
-    plain, logprobs, stopped, long = msg.outputs
-    assert (plain.request_id, list(plain.token_ids), plain.prompt_tokens) == ("plain", [11], 7)
-    assert not plain.logprobs and plain.finish_reason == detok_pb.FINISH_REASON_UNSPECIFIED
-    assert not plain.HasField("matched_stop_token")
+    # A row of one token and nothing else goes into the packed columns; the others are messages.
+    assert list(msg.plain_request_ids) == ["plain"] and list(msg.plain_token_ids) == [11]
+    logprobs, stopped, long = msg.outputs
 
     assert (list(logprobs.token_ids), logprobs.cached_tokens) == ([12, 13], 4)
     assert [lp.logprob for lp in logprobs.logprobs] == [-0.5, -2.0]
@@ -41,3 +40,32 @@ def test_step_message_carries_every_row_field() -> None:
     assert stopped.matched_stop_token == 2
     assert long.finish_reason == detok_pb.FINISH_REASON_LENGTH
     assert not long.HasField("matched_stop_token")
+
+
+def test_plain_rows_reach_the_detokenizer_and_the_finish_keeps_its_counts() -> None:
+    """A request whose rows all travel packed but the last still finishes with the prompt and
+    cached counts of that last row, after the same text as row by row."""
+    from radixserve.engine.demo import train_tokenizer
+    from radixserve.engine.detokenize import IncrementalDetokenizer
+    from radixserve.services.detokenizer import convert as detok_convert
+    from radixserve.services.detokenizer.state import DetokenizerState
+
+    tok = train_tokenizer()
+    ids = tok.encode("Hello there, world").ids
+    state = DetokenizerState(lambda s: IncrementalDetokenizer(tok, s.prompt_ids))
+    setup = NewRequest("r", [1, 2], SamplingParams(), passthrough=None)
+    texts, finishes = [], []
+    for i, token in enumerate(ids):
+        last = i == len(ids) - 1
+        row = StepOutput("r", [token], None, "length" if last else None, None, 2, 1)
+        msg = convert.step_to_pb(StepBatch([], [setup] if i == 0 else [], [row]))
+        assert len(msg.outputs) == int(last) and len(msg.plain_request_ids) == int(not last)
+        wire = detok_pb.ProcessRequest.FromString(msg.SerializeToString())
+        for delta in state.apply(detok_convert.step_from_pb(wire)).deltas:
+            texts.append(delta.text)
+            finishes.append(delta.finish)
+    assert "".join(texts) == tok.decode(ids)
+    *running, finish = finishes
+    assert not any(running)
+    assert (finish.reason, finish.prompt_tokens, finish.cached_tokens,
+            finish.completion_tokens) == ("length", 2, 1, len(ids))

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4radixserve/internal/detokenizer/v1/detokenizer.proto\x12\"radixserve.internal.detokenizer.v1\"i\n\x0eRequestOptions\x12\x0c\n\x04stop\x18\x01 \x03(\t\x12\x18\n\x10include_stop_str\x18\x02 \x01(\x08\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\x12\x12\n\nsubscriber\x18\x04 \x01(\t\"{\n\x0cRequestSetup\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x43\n\x07options\x18\x03 \x01(\x0b\x32\x32.radixserve.internal.detokenizer.v1.RequestOptions\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12;\n\x03top\x18\x02 \x03(\x0b\x32..radixserve.internal.detokenizer.v1.TopLogprob\"\xa8\x02\n\x0bTokenOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x43\n\x08logprobs\x18\x03 \x03(\x0b\x32\x31.radixserve.internal.detokenizer.v1.TokenLogprobs\x12G\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x30.radixserve.internal.detokenizer.v1.FinishReason\x12\x1f\n\x12matched_stop_token\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_tokens\x18\x07 \x01(\rB\x15\n\x13_matched_stop_token\"\xbf\x01\n\x0eProcessRequest\x12\x13\n\x0b\x61\x62orted_ids\x18\x01 \x03(\t\x12@\n\x06setups\x18\x02 \x03(\x0b\x32\x30.radixserve.internal.detokenizer.v1.RequestSetup\x12@\n\x07outputs\x18\x03 \x03(\x0b\x32/.radixserve.internal.detokenizer.v1.TokenOutput\x12\x14\n\x0cstep_unix_ns\x18\x04 \x01(\x03\"$\n\x0fProcessResponse\x12\x11\n\tabort_ids\x18\x01 \x03(\t\"&\n\x10SubscribeRequest\x12\x12\n\nsubscriber\x18\x01 \x01(\t\"\xd3\x01\n\x06\x46inish\x12@\n\x06reason\x18\x01 \x01(\x0e\x32\x30.radixserve.internal.detokenizer.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x02 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x03 \x01(\rH\x00\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\r\x12\x15\n\rcached_tokens\x18\x06 \x01(\rB\x0e\n\x0cmatched_stop\"\xc4\x01\n\x0cRequestDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x43\n\x08logprobs\x18\x04 \x03(\x0b\x32\x31.radixserve.internal.detokenizer.v1.TokenLogprobs\x12:\n\x06\x66inish\x18\x05 \x01(\x0b\x32*.radixserve.internal.detokenizer.v1.Finish\"\xa2\x01\n\x11SubscribeResponse\x12@\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x30.radixserve.internal.detokenizer.v1.RequestDelta\x12\x14\n\x0cstep_unix_ns\x18\x02 \x01(\x03\x12\x18\n\x10received_unix_ns\x18\x03 \x01(\x03\x12\x1b\n\x13\x64\x65tokenized_unix_ns\x18\x04 \x01(\x03\"\x11\n\x0fGetStatsRequest\">\n\x10GetStatsResponse\x12\x15\n\rlive_requests\x18\x01 \x01(\r\x12\x13\n\x0bsubscribers\x18\x02 \x01(\r*\xb6\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x04\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x05\x32\xff\x02\n\x12\x44\x65tokenizerService\x12v\n\x07Process\x12\x32.radixserve.internal.detokenizer.v1.ProcessRequest\x1a\x33.radixserve.internal.detokenizer.v1.ProcessResponse(\x01\x30\x01\x12z\n\tSubscribe\x12\x34.radixserve.internal.detokenizer.v1.SubscribeRequest\x1a\x35.radixserve.internal.detokenizer.v1.SubscribeResponse0\x01\x12u\n\x08GetStats\x12\x33.radixserve.internal.detokenizer.v1.GetStatsRequest\x1a\x34.radixserve.internal.detokenizer.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4radixserve/internal/detokenizer/v1/detokenizer.proto\x12\"radixserve.internal.detokenizer.v1\"i\n\x0eRequestOptions\x12\x0c\n\x04stop\x18\x01 \x03(\t\x12\x18\n\x10include_stop_str\x18\x02 \x01(\x08\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\x12\x12\n\nsubscriber\x18\x04 \x01(\t\"{\n\x0cRequestSetup\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x43\n\x07options\x18\x03 \x01(\x0b\x32\x32.radixserve.internal.detokenizer.v1.RequestOptions\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12;\n\x03top\x18\x02 \x03(\x0b\x32..radixserve.internal.detokenizer.v1.TopLogprob\"\xa8\x02\n\x0bTokenOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x43\n\x08logprobs\x18\x03 \x03(\x0b\x32\x31.radixserve.internal.detokenizer.v1.TokenLogprobs\x12G\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x30.radixserve.internal.detokenizer.v1.FinishReason\x12\x1f\n\x12matched_stop_token\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_tokens\x18\x07 \x01(\rB\x15\n\x13_matched_stop_token\"\xf3\x01\n\x0eProcessRequest\x12\x13\n\x0b\x61\x62orted_ids\x18\x01 \x03(\t\x12@\n\x06setups\x18\x02 \x03(\x0b\x32\x30.radixserve.internal.detokenizer.v1.RequestSetup\x12@\n\x07outputs\x18\x03 \x03(\x0b\x32/.radixserve.internal.detokenizer.v1.TokenOutput\x12\x14\n\x0cstep_unix_ns\x18\x04 \x01(\x03\x12\x19\n\x11plain_request_ids\x18\x05 \x03(\t\x12\x17\n\x0fplain_token_ids\x18\x06 \x03(\r\"$\n\x0fProcessResponse\x12\x11\n\tabort_ids\x18\x01 \x03(\t\"&\n\x10SubscribeRequest\x12\x12\n\nsubscriber\x18\x01 \x01(\t\"\xd3\x01\n\x06\x46inish\x12@\n\x06reason\x18\x01 \x01(\x0e\x32\x30.radixserve.internal.detokenizer.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x02 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x03 \x01(\rH\x00\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\r\x12\x15\n\rcached_tokens\x18\x06 \x01(\rB\x0e\n\x0cmatched_stop\"\xc4\x01\n\x0cRequestDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x43\n\x08logprobs\x18\x04 \x03(\x0b\x32\x31.radixserve.internal.detokenizer.v1.TokenLogprobs\x12:\n\x06\x66inish\x18\x05 \x01(\x0b\x32*.radixserve.internal.detokenizer.v1.Finish\"\xa2\x01\n\x11SubscribeResponse\x12@\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x30.radixserve.internal.detokenizer.v1.RequestDelta\x12\x14\n\x0cstep_unix_ns\x18\x02 \x01(\x03\x12\x18\n\x10received_unix_ns\x18\x03 \x01(\x03\x12\x1b\n\x13\x64\x65tokenized_unix_ns\x18\x04 \x01(\x03\"\x11\n\x0fGetStatsRequest\">\n\x10GetStatsResponse\x12\x15\n\rlive_requests\x18\x01 \x01(\r\x12\x13\n\x0bsubscribers\x18\x02 \x01(\r*\xb6\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x04\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x05\x32\xff\x02\n\x12\x44\x65tokenizerService\x12v\n\x07Process\x12\x32.radixserve.internal.detokenizer.v1.ProcessRequest\x1a\x33.radixserve.internal.detokenizer.v1.ProcessResponse(\x01\x30\x01\x12z\n\tSubscribe\x12\x34.radixserve.internal.detokenizer.v1.SubscribeRequest\x1a\x35.radixserve.internal.detokenizer.v1.SubscribeResponse0\x01\x12u\n\x08GetStats\x12\x33.radixserve.internal.detokenizer.v1.GetStatsRequest\x1a\x34.radixserve.internal.detokenizer.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixserve.internal.detokenizer.v1.detokenizer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1701
-  _globals['_FINISHREASON']._serialized_end=1883
+  _globals['_FINISHREASON']._serialized_start=1753
+  _globals['_FINISHREASON']._serialized_end=1935
   _globals['_REQUESTOPTIONS']._serialized_start=92
   _globals['_REQUESTOPTIONS']._serialized_end=197
   _globals['_REQUESTSETUP']._serialized_start=199
@@ -44,21 +44,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENOUTPUT']._serialized_start=469
   _globals['_TOKENOUTPUT']._serialized_end=765
   _globals['_PROCESSREQUEST']._serialized_start=768
-  _globals['_PROCESSREQUEST']._serialized_end=959
-  _globals['_PROCESSRESPONSE']._serialized_start=961
-  _globals['_PROCESSRESPONSE']._serialized_end=997
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=999
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1037
-  _globals['_FINISH']._serialized_start=1040
-  _globals['_FINISH']._serialized_end=1251
-  _globals['_REQUESTDELTA']._serialized_start=1254
-  _globals['_REQUESTDELTA']._serialized_end=1450
-  _globals['_SUBSCRIBERESPONSE']._serialized_start=1453
-  _globals['_SUBSCRIBERESPONSE']._serialized_end=1615
-  _globals['_GETSTATSREQUEST']._serialized_start=1617
-  _globals['_GETSTATSREQUEST']._serialized_end=1634
-  _globals['_GETSTATSRESPONSE']._serialized_start=1636
-  _globals['_GETSTATSRESPONSE']._serialized_end=1698
-  _globals['_DETOKENIZERSERVICE']._serialized_start=1886
-  _globals['_DETOKENIZERSERVICE']._serialized_end=2269
+  _globals['_PROCESSREQUEST']._serialized_end=1011
+  _globals['_PROCESSRESPONSE']._serialized_start=1013
+  _globals['_PROCESSRESPONSE']._serialized_end=1049
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1051
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1089
+  _globals['_FINISH']._serialized_start=1092
+  _globals['_FINISH']._serialized_end=1303
+  _globals['_REQUESTDELTA']._serialized_start=1306
+  _globals['_REQUESTDELTA']._serialized_end=1502
+  _globals['_SUBSCRIBERESPONSE']._serialized_start=1505
+  _globals['_SUBSCRIBERESPONSE']._serialized_end=1667
+  _globals['_GETSTATSREQUEST']._serialized_start=1669
+  _globals['_GETSTATSREQUEST']._serialized_end=1686
+  _globals['_GETSTATSRESPONSE']._serialized_start=1688
+  _globals['_GETSTATSRESPONSE']._serialized_end=1750
+  _globals['_DETOKENIZERSERVICE']._serialized_start=1938
+  _globals['_DETOKENIZERSERVICE']._serialized_end=2321
 # @@protoc_insertion_point(module_scope)

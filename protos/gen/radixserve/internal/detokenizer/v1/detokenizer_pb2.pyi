@@ -79,16 +79,20 @@ class TokenOutput(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., matched_stop_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class ProcessRequest(_message.Message):
-    __slots__ = ("aborted_ids", "setups", "outputs", "step_unix_ns")
+    __slots__ = ("aborted_ids", "setups", "outputs", "step_unix_ns", "plain_request_ids", "plain_token_ids")
     ABORTED_IDS_FIELD_NUMBER: _ClassVar[int]
     SETUPS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STEP_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     aborted_ids: _containers.RepeatedScalarFieldContainer[str]
     setups: _containers.RepeatedCompositeFieldContainer[RequestSetup]
     outputs: _containers.RepeatedCompositeFieldContainer[TokenOutput]
     step_unix_ns: int
-    def __init__(self, aborted_ids: _Optional[_Iterable[str]] = ..., setups: _Optional[_Iterable[_Union[RequestSetup, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TokenOutput, _Mapping]]] = ..., step_unix_ns: _Optional[int] = ...) -> None: ...
+    plain_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    plain_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, aborted_ids: _Optional[_Iterable[str]] = ..., setups: _Optional[_Iterable[_Union[RequestSetup, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TokenOutput, _Mapping]]] = ..., step_unix_ns: _Optional[int] = ..., plain_request_ids: _Optional[_Iterable[str]] = ..., plain_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProcessResponse(_message.Message):
     __slots__ = ("abort_ids",)
