@@ -74,8 +74,22 @@ def deltas_to_pb(deltas: list[Delta], step_unix_ns: int = 0, received_unix_ns: i
     times this service received and detokenized it."""
     msg = pb.SubscribeResponse(step_unix_ns=step_unix_ns, received_unix_ns=received_unix_ns,
                                detokenized_unix_ns=detokenized_unix_ns)
+    # Plain deltas (one token, no logprobs, no finish) go into three packed columns: 256 of them
+    # cost 0.50 ms to build and send as RequestDelta messages on the 2-core VM, and a gateway 0.47
+    # ms to read.
+    rids: list[str] = []
+    tokens: list[int] = []
+    texts: list[str] = []
     for delta in deltas:
-        _add_delta(msg, delta)
+        if delta.finish is None and not delta.logprobs and len(delta.token_ids) == 1:
+            rids.append(delta.rid)
+            tokens.append(delta.token_ids[0])
+            texts.append(delta.text)
+        else:
+            _add_delta(msg, delta)
+    msg.plain_request_ids.extend(rids)
+    msg.plain_token_ids.extend(tokens)
+    msg.plain_texts.extend(texts)
     return msg
 
 

@@ -189,12 +189,17 @@ def step_times_from_pb(msg: detok_pb.SubscribeResponse) -> StepTimes:
 
 
 def outputs_from_pb(msg: detok_pb.SubscribeResponse) -> list[Output]:
-    """One processed engine step's deltas, in order."""
-    return [
+    """One processed engine step's deltas (a request has at most one): the full ones, then the
+    plain ones from their packed columns."""
+    step_ns = msg.step_unix_ns
+    outputs = [
         Output(d.request_id, list(d.token_ids), d.text, list(d.logprobs),
-               _finish_from_pb(d.finish) if d.HasField("finish") else None, msg.step_unix_ns)
+               _finish_from_pb(d.finish) if d.HasField("finish") else None, step_ns)
         for d in msg.deltas
     ]
+    outputs += [Output(rid, [token], text, [], None, step_ns) for rid, token, text
+                in zip(msg.plain_request_ids, msg.plain_token_ids, msg.plain_texts)]
+    return outputs
 
 
 def submit_to_pb(requests: list[sched_pb.NewRequest], abort_ids: list[str]

@@ -54,9 +54,10 @@ def test_deltas_reach_the_gateway_with_every_field() -> None:
     # the scheduler's time for the step and this service's, for the gateways' metrics
     assert (msg.step_unix_ns, msg.received_unix_ns, msg.detokenized_unix_ns) == (99, 100, 101)
 
-    plain, lp, by_string, by_token, by_length = msg.deltas
-    assert (plain.request_id, list(plain.token_ids), plain.text) == ("plain", [11], " hi")
-    assert not plain.logprobs and not plain.HasField("finish")
+    # One token and nothing else: in the packed columns; every other delta is a message.
+    assert (list(msg.plain_request_ids), list(msg.plain_token_ids), list(msg.plain_texts)) == (
+        ["plain"], [11], [" hi"])
+    lp, by_string, by_token, by_length = msg.deltas
     assert [x.logprob for x in lp.logprobs] == [-0.5, -2.0]
     assert [(t.token_id, t.logprob) for t in lp.logprobs[0].top] == [(12, -0.5)]
     f = by_string.finish

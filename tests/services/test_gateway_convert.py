@@ -23,10 +23,13 @@ def test_a_step_of_deltas_reads_into_outputs() -> None:
         detok_pb.RequestDelta(request_id="c", finish=detok_pb.Finish(
             reason=detok_pb.FINISH_REASON_STOP_TOKEN, stop_token_id=7)),
         detok_pb.RequestDelta(request_id="d", finish=detok_pb.Finish(reason=99)),
-    ], step_unix_ns=42, received_unix_ns=43, detokenized_unix_ns=44)
+    ], step_unix_ns=42, received_unix_ns=43, detokenized_unix_ns=44,
+       plain_request_ids=["p", "q"], plain_token_ids=[8, 9], plain_texts=[" x", ""])
     assert convert.step_times_from_pb(msg) == StepTimes(42, 43, 44)
-    a, b, c, d = convert.outputs_from_pb(msg)
+    a, b, c, d, p, q = convert.outputs_from_pb(msg)
     assert a == Output("a", [1, 2], "hi", [], None, 42)
+    # the packed plain deltas: one token and its text each
+    assert (p, q) == (Output("p", [8], " x", [], None, 42), Output("q", [9], "", [], None, 42))
     assert d.step_unix_ns == 42  # every delta of the step carries its time
     assert b.finish == Finish("stop_string", "!", None, 3, 2)
     assert c.finish == Finish("stop_token", None, 7, 0, 0)

@@ -137,16 +137,22 @@ class RequestDelta(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
-    __slots__ = ("deltas", "step_unix_ns", "received_unix_ns", "detokenized_unix_ns")
+    __slots__ = ("deltas", "step_unix_ns", "received_unix_ns", "detokenized_unix_ns", "plain_request_ids", "plain_token_ids", "plain_texts")
     DELTAS_FIELD_NUMBER: _ClassVar[int]
     STEP_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     DETOKENIZED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_TEXTS_FIELD_NUMBER: _ClassVar[int]
     deltas: _containers.RepeatedCompositeFieldContainer[RequestDelta]
     step_unix_ns: int
     received_unix_ns: int
     detokenized_unix_ns: int
-    def __init__(self, deltas: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ..., step_unix_ns: _Optional[int] = ..., received_unix_ns: _Optional[int] = ..., detokenized_unix_ns: _Optional[int] = ...) -> None: ...
+    plain_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    plain_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    plain_texts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, deltas: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ..., step_unix_ns: _Optional[int] = ..., received_unix_ns: _Optional[int] = ..., detokenized_unix_ns: _Optional[int] = ..., plain_request_ids: _Optional[_Iterable[str]] = ..., plain_token_ids: _Optional[_Iterable[int]] = ..., plain_texts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
