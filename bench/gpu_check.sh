@@ -18,6 +18,7 @@
 #                                        serving, serving-8b, fa,
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl
+#   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
 #   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
@@ -241,6 +242,7 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
            done ;;
     dp-shared) dp_shared ;;
     serving-8b) serving qwen3-8b ;;
+    save:*) save_model "${s#save:}" ;;  # e.g. save:qwen3-8b before a py: stage that serves it
     kernels) stage kernels 300 python3 -m radixserve.bench.kernels --out "$OUT/results.jsonl" ;;
     small) stage small 300 "${SUITE[@]}" --model qwen3-0.6b --parts latency,offline,no_overlap,offline_llm ;;
     big) stage big 240 "${SUITE[@]}" --model qwen3-8b --parts latency,offline,no_overlap ;;

@@ -137,6 +137,7 @@ class LevelResult:
 
 # New tokens of each warm-up request (`warm_up_work`).
 WARM_UP_TOKENS = 32
+PREFILL_CAP = "radixserve_mixed_prefill_cap"  # services/scheduler/metrics.py
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
         "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
         "arrival_ms": "radixserve_step_arrival_delay_seconds",
@@ -165,6 +166,9 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     out: dict[str, Any] = {"step_ms": step_ms}
     for key, histogram in HOPS.items():
         out[key] = observed_ms(before, after, histogram)
+    # the prefill a step that decodes took at the level's end (mixed_step_ratio), each replica's
+    out["prefill_cap"] = [e.get((PREFILL_CAP, ()), 0.0) for e in after.endpoints
+                          if (ENGINE_STEPS, ()) in e]
     return out
 
 
@@ -298,16 +302,19 @@ def format_plane(results: list[LevelResult]) -> str:
         return ""
     names = [k.removesuffix("_ms") for k in HOPS]
     head = (f"{'conc':>5} {'rate':>6} {'step':>6} {'TPOT p50/step':>13} "
-            + " ".join(f"{name + ' mean/p50/p99':>26}" for name in names))
-    rows = ["the plane per level, ms (step: the level's time / engine steps; the others: from the "
+            + " ".join(f"{name + ' mean/p50/p99':>26}" for name in names) + f" {'cap':>6}")
+    rows = ["the plane per level, ms (step: the level's time / engine steps; cap: each replica's "
+            "prefill budget of a step that decodes, at the level's end; the others: from the "
             "scheduler having a step's outputs to each point on its way)", head, "-" * len(head)]
     for r in results:
         if not r.plane:
             continue
         step = r.plane["step_ms"]
         hops = ["/".join(f"{r.plane[k][q]:.1f}" for q in ("mean", "p50", "p99")) for k in HOPS]
+        cap = ",".join(f"{c:.0f}" for c in r.plane.get("prefill_cap", ())) or "-"
         rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} {step:>6.2f} "
-                    f"{r.tpot_ms['p50'] / step:>13.2f} " + " ".join(f"{h:>26}" for h in hops))
+                    f"{r.tpot_ms['p50'] / step:>13.2f} " + " ".join(f"{h:>26}" for h in hops)
+                    + f" {cap:>6}")
     return "\n".join(rows)
 
 

@@ -20,6 +20,7 @@ LoadFormat = Literal["auto", "dummy"]
 ControlKind = Literal["auto", "shm", "gloo"]
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 EAGER_PREFILL_ADMISSION_WAIT_MS = 50.0
+GRAPHED_MIXED_STEP_RATIO = 1.5
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,13 @@ class EngineConfig:
     # prompts arrive, and a prompt past it is chunked over several steps (its first token comes
     # later).
     mixed_prefill_tokens: int | None = None
+    # A step that decodes takes prefill only up to what keeps it within this many decode steps'
+    # time, as the engine measures its own steps (scheduler/step_cost.py), though at least an
+    # eighth of the prefill waiting (a burst is not queued behind it): the gap that an admission
+    # makes in every decoding stream stays near this multiple of the usual one. None:
+    # GRAPHED_MIXED_STEP_RATIO where piecewise CUDA graphs run such steps, 0 elsewhere (an eager
+    # step's fixed host cost is better paid once); 0: off.
+    mixed_step_ratio: float | None = None
     max_running_requests: int = 64  # request slots
     max_queued_requests: int = 1024
     num_pages: int | None = None  # None: sized from memory (GPU) or a fixed token budget (CPU)
@@ -109,6 +117,10 @@ class EngineConfig:
             raise ValueError("max_prefill_tokens must be at least page_size")
         if self.mixed_prefill_tokens is not None and self.mixed_prefill_tokens < 1:
             raise ValueError(f"mixed_prefill_tokens must be >= 1, got {self.mixed_prefill_tokens}")
+        if self.mixed_step_ratio is not None and not (self.mixed_step_ratio == 0
+                                                      or 1 < self.mixed_step_ratio < math.inf):
+            raise ValueError("mixed_step_ratio must be 0 (off) or a number above 1, got "
+                             f"{self.mixed_step_ratio}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.num_pages is not None and self.num_pages < 2:

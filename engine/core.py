@@ -10,11 +10,16 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
-from radixserve.engine.config import EAGER_PREFILL_ADMISSION_WAIT_MS, EngineConfig
+from radixserve.engine.config import (
+    EAGER_PREFILL_ADMISSION_WAIT_MS,
+    GRAPHED_MIXED_STEP_RATIO,
+    EngineConfig,
+)
 from radixserve.engine.constrained.bitmask import fill_grammar_mask
 from radixserve.engine.constrained.compiler import Grammar, GrammarCompiler
 from radixserve.engine.constrained.matcher import GrammarMatcher
@@ -71,9 +76,13 @@ class EngineCore:
         with building(self.tp):
             self.runner = ModelRunner(config, self.args, self.tp.device if self.tp else device,
                                       dtype, eos)
+        graphed = self.runner.pieces is not None  # steps with prefill replay piecewise graphs
         if config.admission_wait_ms is None:  # hold arrivals back only where prefill is eager
-            wait = 0.0 if self.runner.pieces is not None else EAGER_PREFILL_ADMISSION_WAIT_MS
+            wait = 0.0 if graphed else EAGER_PREFILL_ADMISSION_WAIT_MS
             config = self.config = replace(config, admission_wait_ms=wait)
+        if config.mixed_step_ratio is None:
+            ratio = GRAPHED_MIXED_STEP_RATIO if graphed else 0.0
+            config = self.config = replace(config, mixed_step_ratio=ratio)
         self.model_info = ModelInfo(folder.name, self.args.architecture, self.args.vocab_size,
                                     self.runner.max_context, eos, str(dtype).removeprefix("torch."))
         self.allocator = PageAllocator(self.runner.num_pages)
@@ -84,6 +93,7 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.runner.table, self.allocator, self.cache, budget)
         self._reqs: dict[str, Req] = {}
         self._in_flight: tuple[Batch, ForwardOutput] | None = None
+        self._last_done = 0.0  # when the last step's outputs were read (time.perf_counter())
         self._rng = random.Random(config.seed)
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
@@ -172,7 +182,10 @@ class EngineCore:
         frees a request with steps in flight, which `_process` then skips, as it does when one
         overlapped step is in flight; pages freed there go to steps launched later on the same
         stream, so no kernel still reading them is overtaken."""
+        scheduled_at = time.perf_counter()
         batch = self.scheduler.schedule()
+        if batch is not None:
+            batch.scheduled_at = scheduled_at
         if batch is not None and self.tp is not None:
             # Every rank samples, but only this one has grammar state: the plan carries the mask.
             batch.grammar = fill_grammar_mask([r.grammar for r, s in zip(batch.reqs, batch.sample)
@@ -188,6 +201,12 @@ class EngineCore:
 
     def _process(self, batch: Batch, out: ForwardOutput) -> list[StepOutput]:
         out.wait()
+        # The device ran this step from when the one before was read, or from when this one was
+        # scheduled if the engine was idle in between.
+        done = time.perf_counter()
+        self.scheduler.step_cost.observe(batch.decode_rows, batch.prefill_cost,
+                                         done - max(self._last_done, batch.scheduled_at))
+        self._last_done = done
         if self.tp is not None:
             self.tp.check()  # a peer that died mid-step leaves results that must not be used
         results: list[StepOutput] = []
@@ -263,6 +282,7 @@ class EngineCore:
     # -- introspection --------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         sizes = self.cache.sizes()
+        cost, ratio = self.scheduler.step_cost, self.config.mixed_step_ratio
         return {
             "running_requests": len(self.scheduler.running),
             "waiting_requests": len(self.scheduler.waiting),
@@ -274,6 +294,10 @@ class EngineCore:
             "cached_tokens_total": self.cached_tokens_total,
             "prompt_tokens_total": self.prompt_tokens_total,
             "retractions_total": self.scheduler.retractions_total,
+            # what the engine has learned of its steps (scheduler/step_cost.py); 0: not yet, or
+            # (the cap) mixed_step_ratio off
+            "decode_step_us": int((cost.decode_s or 0.0) * 1e6),
+            "mixed_prefill_cap": int(cost.prefill_within(ratio) or 0) if ratio else 0,
             # host time ModelRunner spent filling structured-output token masks, and its steps
             "grammar_mask_us_total": int(self.runner.grammar_mask_s * 1e6),
             "grammar_mask_steps_total": self.runner.grammar_mask_steps,

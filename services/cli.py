@@ -48,6 +48,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--max-prefill-tokens", "max_prefill_tokens", int),
     ("--prefill-budget", "prefill_budget", str),
     ("--mixed-prefill-tokens", "mixed_prefill_tokens", int),
+    ("--mixed-step-ratio", "mixed_step_ratio", float),
     ("--max-running-requests", "max_running_requests", int),
     ("--max-queued-requests", "max_queued_requests", int),
     ("--num-pages", "num_pages", int),

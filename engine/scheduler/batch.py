@@ -22,6 +22,11 @@ class Batch:
     # Constrained rows' token mask when filled before the step launches (tensor parallelism: the
     # plan carries it to followers, which have no grammar state); None: the runner fills it.
     grammar: HostGrammarMask | None = None
+    # What the step costs, for the engine to learn from (scheduler/step_cost.py): its decoding
+    # rows, the prefill budget its chunks spent, and when it was scheduled (time.perf_counter()).
+    decode_rows: int = 0
+    prefill_cost: float = 0.0
+    scheduled_at: float = 0.0
 
     def add(self, req: Req, prefix_len: int, seq_len: int, sample: bool) -> None:
         self.reqs.append(req)

@@ -29,8 +29,13 @@ from radixserve.engine.sampling.params import FinishReason
 from radixserve.engine.scheduler.admission import OutputEstimate
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.prefill_budget import PrefillBudget
+from radixserve.engine.scheduler.step_cost import StepCost
 
 LPM_WINDOW = 128  # waiting requests scored per step under the longest-prefix-match policy
+# Under `mixed_step_ratio`, a step that decodes still takes at least this share (1 / N) of the
+# prefill waiting (the running prompts' rest and the prompts the free slots can take): a backlog
+# gets larger steps, so that a burst does not queue behind the cap.
+MIXED_HORIZON_STEPS = 8
 
 
 class RunningSplit(NamedTuple):
@@ -55,6 +60,7 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []  # in admission order: the tail is retracted first
         self.estimate = OutputEstimate(config.admission)
+        self.step_cost = StepCost()  # fed by the engine with each step's length
         # Running requests with full prefill pages not yet handed to the prefix cache (_publish),
         # in admission order (a dict: a request retracted and admitted again is in it once): only
         # they are looked at each step, not every running request.
@@ -120,9 +126,7 @@ class Scheduler:
                                  if r.status is ReqStatus.RUNNING and self._publish(r)}
         decodes, prefilling = self._make_room_for_decodes()
         self._add_decodes(decodes, batch)
-        budget: float = self.config.max_prefill_tokens
-        if decodes and self.config.mixed_prefill_tokens is not None:
-            budget = min(budget, self.config.mixed_prefill_tokens)
+        budget = full = self._prefill_budget(decodes, prefilling)
         for req in prefilling:  # a chunked prompt continues before anyone new is admitted
             if budget > 0 and req.status is ReqStatus.RUNNING:  # not retracted by an earlier chunk
                 budget -= self._prefill_chunk(req, batch, budget)
@@ -141,7 +145,36 @@ class Scheduler:
                 break
             budget -= self._prefill_chunk(req, batch, budget)
             reserved += self._pages_still_needed((req,))
+        batch.decode_rows, batch.prefill_cost = len(decodes), full - budget
         return batch if len(batch) else None
+
+    def _prefill_budget(self, decodes: list[Req], prefilling: list[Req]) -> float:
+        """The step's prefill budget: `max_prefill_tokens`, and where the step also decodes, at
+        most `mixed_prefill_tokens` and what keeps it within `mixed_step_ratio` decode steps
+        (step_cost.py), though at least a MIXED_HORIZON_STEPS-th of the prefill waiting."""
+        c = self.config
+        budget = float(c.max_prefill_tokens)
+        if not decodes:
+            return budget
+        if c.mixed_prefill_tokens is not None:
+            budget = min(budget, c.mixed_prefill_tokens)
+        cap = self.step_cost.prefill_within(c.mixed_step_ratio) if c.mixed_step_ratio else None
+        if cap is None or cap >= budget:
+            return budget
+        backlog = self._prefill_backlog(prefilling, MIXED_HORIZON_STEPS * budget)
+        return min(budget, max(cap, backlog / MIXED_HORIZON_STEPS))
+
+    def _prefill_backlog(self, prefilling: list[Req], enough: float) -> float:
+        """The prefill budget that the running prompts' rest and the waiting requests the free
+        slots can take would spend, counted until it reaches `enough`."""
+        cost, total = self.budget.cost, 0.0
+        for r in prefilling:
+            total += cost(r.cached_len, r.fill_len)
+        for r in itertools.islice(self.waiting, self.table.num_free_slots):
+            if total >= enough:
+                break
+            total += cost(0, r.prompt_len + len(r.output_ids))
+        return total
 
     def _admission_due(self, budget: float) -> bool:
         """Whether this step admits new requests. With `admission_wait_ms` and at least a quarter

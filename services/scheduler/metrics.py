@@ -45,6 +45,16 @@ class EngineStatsCollector(Collector):
             "radixserve_engine_steps", "Engine steps run by the scheduler loop",
             s.get("engine_steps_total", 0),
         )
+        yield GaugeMetricFamily(
+            "radixserve_decode_step_seconds",
+            "The engine's recent decode step, as it measures its steps (0: none seen yet)",
+            s.get("decode_step_us", 0) / 1e6,
+        )
+        yield GaugeMetricFamily(
+            "radixserve_mixed_prefill_cap",
+            "Prefill budget of a step that decodes, by mixed_step_ratio (0: off or not learned)",
+            s.get("mixed_prefill_cap", 0),
+        )
         yield CounterMetricFamily(
             "radixserve_retractions",
             "Running requests sent back to the queue under KV pressure (outputs unchanged)",

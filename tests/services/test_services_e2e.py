@@ -253,6 +253,7 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert 4 <= plane["arrival_ms"]["count"] <= plane["handoff_ms"]["count"]
     assert 0 <= plane["handoff_ms"]["mean"] < timed.duration_s * 1e3
     assert "TPOT p50/step" in bench_serving.format_plane([timed])
+    assert plane["prefill_cap"] == [0.0]  # one replica; on the CPU, steps with prefill are eager
 
 
 def test_internal_services_are_private_and_need_the_secret(stack: Stack) -> None:

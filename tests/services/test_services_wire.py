@@ -295,7 +295,7 @@ def test_fuzz_internal_endpoints(stack: Stack) -> None:
     assert collect(stack.stub, request("Hello", max_new_tokens=2)).code == OK
 
 
-def test_scheduler_exports_retractions(stack: Stack) -> None:
+def test_scheduler_exports_retractions_and_step_costs(stack: Stack) -> None:
     import urllib.request
 
     assert stack.metrics_port is not None
@@ -304,3 +304,6 @@ def test_scheduler_exports_retractions(stack: Stack) -> None:
         text = reply.read().decode()
     assert "# TYPE radixserve_retractions_total counter" in text
     assert "radixserve_retractions_total 0.0" in text  # this stack never runs short of pages
+    # the prefill cap of steps that decode is off where such steps run eagerly (the CPU)
+    assert "# TYPE radixserve_decode_step_seconds gauge" in text
+    assert "radixserve_mixed_prefill_cap 0.0" in text

@@ -1,0 +1,67 @@
+"""What a step costs in time, learned from the engine's own steps, and the prefill that fits a
+step that also decodes.
+
+A step that admits a prompt beside running streams is a gap in every one of them: a decode step
+of d seconds grows by c seconds per unit of prefill budget (a token, or its compute under
+`prefill_budget="compute"`). Capping such a step at `ratio` times a decode step keeps those gaps
+within `ratio` of the usual one, whatever the model, the GPU or the number of rows:
+
+    prefill per step <= (ratio - 1) * d / c
+
+Neither d nor c is configured. d is the recent decode step (it moves with the rows and their
+context lengths); c is the recent marginal cost of prefill in a step that decodes (it moves little
+once the kernels are warm). Each is the median of its last samples, so one step slowed by
+something else (a collection, a stall on the host) does not move the cap.
+
+Measuring a step: with overlap, the engine reads step N's outputs after it launched step N + 1,
+so the device ran N between the moment N - 1's outputs were read (or N was scheduled, if later:
+the engine was idle) and the moment N's are. A step the host made late counts at its length as
+the streams saw it, which is what the cap bounds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from statistics import median
+
+WINDOW = 15  # samples in each median
+MIN_PREFILL_SAMPLE = 32.0  # budget units: smaller prefills are lost in a step's noise
+
+
+class StepCost:
+    def __init__(self) -> None:
+        self._decode: deque[float] = deque(maxlen=WINDOW)  # seconds of recent decode-only steps
+        self._per_unit: deque[float] = deque(maxlen=WINDOW)  # seconds per unit of prefill budget
+        self._decode_s: float | None = None  # medians, updated as samples come
+        self._per_unit_s: float | None = None
+
+    def observe(self, decode_rows: int, prefill: float, seconds: float) -> None:
+        """Learn from one step: `decode_rows` running requests decoded, `prefill` units of
+        prefill budget ran beside them, and the step took `seconds`."""
+        if decode_rows == 0 or seconds <= 0:
+            return  # a prefill-only step pays weight reads a decode step would: it says nothing
+        if prefill == 0:
+            self._decode.append(seconds)
+            self._decode_s = median(self._decode)
+        elif prefill >= MIN_PREFILL_SAMPLE and self._decode_s is not None:
+            extra = seconds - self._decode_s
+            if extra > 0:
+                self._per_unit.append(extra / prefill)
+                self._per_unit_s = median(self._per_unit)
+
+    @property
+    def decode_s(self) -> float | None:
+        """The recent decode step, seconds (None before one was seen)."""
+        return self._decode_s
+
+    @property
+    def per_unit_s(self) -> float | None:
+        """Seconds one unit of prefill budget adds to a step that decodes (None until learned)."""
+        return self._per_unit_s
+
+    def prefill_within(self, ratio: float) -> float | None:
+        """The prefill budget that keeps a step that decodes within `ratio` decode steps; None
+        until both costs are known (until then the first admissions teach them)."""
+        if self._decode_s is None or self._per_unit_s is None:
+            return None
+        return max(1.0, (ratio - 1) * self._decode_s / self._per_unit_s)

@@ -1,0 +1,165 @@
+"""`mixed_step_ratio`: a step that decodes takes only the prefill that keeps it within that many
+decode steps, as the engine measures its own steps (scheduler/step_cost.py), though at least a
+MIXED_HORIZON_STEPS-th of the prefill waiting."""
+
+from __future__ import annotations
+
+import pytest
+from radixserve.engine import SamplingParams
+from radixserve.engine.config import GRAPHED_MIXED_STEP_RATIO, EngineConfig
+from radixserve.engine.scheduler.scheduler import MIXED_HORIZON_STEPS
+from radixserve.engine.scheduler.step_cost import WINDOW, StepCost
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+MS = 1e-3
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    from checkpoints import checkpoint
+
+    return checkpoint("qwen3", tmp_path_factory)
+
+
+def _taught(decode_s: float, per_unit_s: float) -> StepCost:
+    cost = StepCost()
+    for i in range(WINDOW):
+        cost.observe(64, 0, decode_s)
+        cost.observe(64, 100 + 10 * i, decode_s + (100 + 10 * i) * per_unit_s)
+    return cost
+
+
+def test_the_cap_keeps_a_mixed_step_within_the_ratio():
+    cost = _taught(10 * MS, 0.02 * MS)
+    assert cost.decode_s == pytest.approx(10 * MS)
+    assert cost.per_unit_s == pytest.approx(0.02 * MS)
+    # (1.5 - 1) * 10 ms / 0.02 ms a token = 250 tokens, which make a step of 15 ms
+    assert cost.prefill_within(1.5) == pytest.approx(250)
+    assert cost.prefill_within(3.0) == pytest.approx(1000)
+
+
+def test_nothing_is_capped_until_both_costs_are_seen():
+    cost = StepCost()
+    assert cost.prefill_within(1.5) is None
+    cost.observe(0, 512, 30 * MS)  # prefill alone: it pays weight reads a decode step pays too
+    cost.observe(8, 512, 30 * MS)  # no decode step seen yet to take its excess from
+    assert cost.prefill_within(1.5) is None
+    cost.observe(8, 0, 10 * MS)
+    cost.observe(8, 16, 11 * MS)  # too small a prefill to tell from the noise
+    assert cost.decode_s == pytest.approx(10 * MS) and cost.prefill_within(1.5) is None
+    cost.observe(8, 500, 20 * MS)
+    assert cost.prefill_within(1.5) == pytest.approx(250)
+
+
+def test_one_slow_step_does_not_move_the_cap():
+    """A step stretched by something else (a collection, a host stall) is one sample of the
+    median's window: the cap stays where the steps around it put it."""
+    cost = _taught(10 * MS, 0.02 * MS)
+    cost.observe(64, 0, 90 * MS)
+    cost.observe(64, 200, 100 * MS)
+    assert cost.prefill_within(1.5) == pytest.approx(250, rel=0.05)
+
+
+def test_the_cap_follows_the_decode_step():
+    """More rows make a longer decode step, and then a mixed step may carry more prefill."""
+    cost = _taught(10 * MS, 0.02 * MS)
+    for _ in range(WINDOW):
+        cost.observe(128, 0, 20 * MS)
+    assert cost.prefill_within(1.5) == pytest.approx(500)
+
+
+class FixedCap(StepCost):
+    """A cost model that has learned `cap` tokens at any ratio and learns nothing more."""
+
+    def __init__(self, cap: float) -> None:
+        super().__init__()
+        self.cap = cap
+        self.seen: list[tuple[int, float, float]] = []
+
+    def observe(self, decode_rows: int, prefill: float, seconds: float) -> None:
+        self.seen.append((decode_rows, prefill, seconds))
+
+    def prefill_within(self, ratio: float) -> float | None:
+        return self.cap
+
+
+def _prompt(i: int, n: int = 40) -> list[int]:
+    return [(i * 31 + j * 7) % 500 + 3 for j in range(n)]
+
+
+def _run(core, late: int) -> tuple[list[int], dict[str, list[int]]]:
+    """"first" alone, then `late` arrivals of 40 tokens once it decodes: the prompt tokens of
+    each step that also decodes, and every request's output ids."""
+    mixed, schedule = [], core.scheduler.schedule
+
+    def spy():
+        batch = schedule()
+        if batch is not None and batch.decode_rows and batch.prefill_cost:
+            mixed.append(int(batch.prefill_cost))
+        return batch
+
+    core.scheduler.schedule = spy
+    outputs: dict[str, list[int]] = {}
+    core.add_request("first", _prompt(0), GREEDY)
+    for out in core.step():
+        outputs.setdefault(out.rid, []).extend(out.token_ids)
+    for i in range(late):
+        core.add_request(f"late{i}", _prompt(i + 1), GREEDY)
+    while core.has_work():
+        for out in core.step():
+            outputs.setdefault(out.rid, []).extend(out.token_ids)
+    return mixed, outputs
+
+
+def test_an_arrival_beside_decoding_streams_is_chunked_to_the_cap(path, make_llm):
+    core = make_llm(path, max_prefill_tokens=64, page_size=4, max_running_requests=8,
+                    mixed_step_ratio=1.5).core
+    core.scheduler.step_cost = FixedCap(8)
+    mixed, outputs = _run(core, late=1)
+    assert mixed == [8] * 5  # 40 tokens: 5 steps of 8, within the horizon of 8 steps
+    plain = make_llm(path, max_prefill_tokens=64, page_size=4, max_running_requests=8,
+                     mixed_step_ratio=0).core
+    assert _run(plain, late=1)[1] == outputs and len(outputs["late0"]) == GREEDY.max_new_tokens
+
+
+def test_a_backlog_gets_steps_that_clear_it_within_the_horizon(path, make_llm):
+    """Six arrivals of 40 tokens at once: at 8 a step they would wait 30 steps, so each step takes
+    a MIXED_HORIZON_STEPS-th of the prefill waiting (240 / 8 = 30 tokens first), and the cap once
+    that is less."""
+    core = make_llm(path, max_prefill_tokens=64, page_size=4, max_running_requests=8,
+                    mixed_step_ratio=1.5).core
+    core.scheduler.step_cost = FixedCap(8)
+    mixed, outputs = _run(core, late=6)
+    assert mixed[0] == 6 * 40 // MIXED_HORIZON_STEPS
+    assert mixed == sorted(mixed, reverse=True) and sum(mixed) == 6 * 40
+    assert all(m >= 8 for m in mixed[:-1])  # the last is what remains
+    assert len(mixed) < 6 * 40 // 8
+    plain = make_llm(path, max_prefill_tokens=64, page_size=4, max_running_requests=8,
+                     mixed_step_ratio=0).core
+    assert _run(plain, late=6)[1] == outputs
+
+
+def test_the_engine_reports_each_step_to_the_cost_model(path, make_llm):
+    core = make_llm(path, max_prefill_tokens=64, page_size=4, max_running_requests=8,
+                    mixed_step_ratio=1.5).core
+    core.scheduler.step_cost = seen = FixedCap(1000)
+    _run(core, late=1)
+    assert seen.seen[0][:2] == (0, 40)  # "first" alone: all prefill
+    assert seen.seen[1][:2] == (1, 40)  # "late0" whole (cap 1000) beside "first"'s decode
+    assert (2, 0) in [s[:2] for s in seen.seen]  # both decoding
+    assert all(s[2] > 0 for s in seen.seen)
+    assert len(seen.seen) == GREEDY.max_new_tokens + 1  # one a step: "late0" ends a step later
+
+
+def test_the_ratio_defaults_on_where_piecewise_graphs_run_prefill(path, make_llm):
+    eager = make_llm(path, max_running_requests=4, piecewise_graph_max_tokens=0).core
+    assert eager.config.mixed_step_ratio == 0
+    pieces = make_llm(path, max_running_requests=4, piecewise_graph_max_tokens=64).core
+    assert pieces.config.mixed_step_ratio == GRAPHED_MIXED_STEP_RATIO > 1
+    assert make_llm(path, mixed_step_ratio=2.5).core.config.mixed_step_ratio == 2.5
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5, -1.0, float("inf"), float("nan")])
+def test_a_ratio_must_be_above_one_or_zero(ratio):
+    with pytest.raises(ValueError, match="mixed_step_ratio"):
+        EngineConfig(model_path="m", mixed_step_ratio=ratio)
