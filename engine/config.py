@@ -40,9 +40,10 @@ class EngineConfig:
     # later).
     mixed_prefill_tokens: int | None = None
     # A step that decodes takes prefill only up to what keeps it within this many decode steps'
-    # time, as the engine measures its own steps (scheduler/step_cost.py), though at least an
-    # eighth of the prefill waiting (a burst is not queued behind it): the gap that an admission
-    # makes in every decoding stream stays near this multiple of the usual one. None:
+    # time, as the engine measures its own steps (scheduler/step_cost.py), unless the prefill
+    # waiting would then take more than a few steps to enter (a burst is not queued behind it):
+    # the gap that an admission makes in every decoding stream stays near this multiple of the
+    # usual one. None:
     # GRAPHED_MIXED_STEP_RATIO where piecewise CUDA graphs run such steps, 0 elsewhere (an eager
     # step's fixed host cost is better paid once); 0: off.
     mixed_step_ratio: float | None = None

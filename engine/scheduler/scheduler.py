@@ -32,9 +32,9 @@ from radixserve.engine.scheduler.prefill_budget import PrefillBudget
 from radixserve.engine.scheduler.step_cost import StepCost
 
 LPM_WINDOW = 128  # waiting requests scored per step under the longest-prefix-match policy
-# Under `mixed_step_ratio`, a step that decodes still takes at least this share (1 / N) of the
-# prefill waiting (the running prompts' rest and the prompts the free slots can take): a backlog
-# gets larger steps, so that a burst does not queue behind the cap.
+# Under `mixed_step_ratio`, the prefill waiting (the running prompts' rest and the prompts the free
+# slots can take) still enters within this many steps: a step that decodes takes what exceeds
+# what the capped steps after it could, so a burst, or an offline queue, is not held behind the cap.
 MIXED_HORIZON_STEPS = 8
 
 
@@ -151,7 +151,8 @@ class Scheduler:
     def _prefill_budget(self, decodes: list[Req], prefilling: list[Req]) -> float:
         """The step's prefill budget: `max_prefill_tokens`, and where the step also decodes, at
         most `mixed_prefill_tokens` and what keeps it within `mixed_step_ratio` decode steps
-        (step_cost.py), though at least a MIXED_HORIZON_STEPS-th of the prefill waiting."""
+        (step_cost.py), unless the prefill waiting needs more to enter within
+        MIXED_HORIZON_STEPS steps."""
         c = self.config
         budget = float(c.max_prefill_tokens)
         if not decodes:
@@ -161,8 +162,9 @@ class Scheduler:
         cap = self.step_cost.prefill_within(c.mixed_step_ratio) if c.mixed_step_ratio else None
         if cap is None or cap >= budget:
             return budget
-        backlog = self._prefill_backlog(prefilling, MIXED_HORIZON_STEPS * budget)
-        return min(budget, max(cap, backlog / MIXED_HORIZON_STEPS))
+        later = (MIXED_HORIZON_STEPS - 1) * cap  # what the capped steps after this one take
+        backlog = self._prefill_backlog(prefilling, later + budget)
+        return min(budget, max(cap, backlog - later))
 
     def _prefill_backlog(self, prefilling: list[Req], enough: float) -> float:
         """The prefill budget that the running prompts' rest and the waiting requests the free
