@@ -60,6 +60,20 @@ def test_one_slow_step_does_not_move_the_cap():
     assert cost.prefill_within(1.5) == pytest.approx(250, rel=0.05)
 
 
+def test_a_wrong_start_is_outvoted_by_the_steps_after_it():
+    """The first mixed steps of a fresh engine can run long (kernels built on first use): once
+    more than half the window has seen the steps as they are, the cap is theirs."""
+    cost = StepCost()
+    cost.observe(64, 0, 10 * MS)
+    for _ in range(3):
+        cost.observe(64, 500, 500 * MS)
+    assert cost.prefill_within(1.5) < 6
+    for _ in range(WINDOW // 2 + 1):
+        cost.observe(64, 0, 10 * MS)
+        cost.observe(64, 400, 18 * MS)
+    assert cost.prefill_within(1.5) == pytest.approx(250)
+
+
 def test_the_cap_follows_the_decode_step():
     """More rows make a longer decode step, and then a mixed step may carry more prefill."""
     cost = _taught(10 * MS, 0.02 * MS)
