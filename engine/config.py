@@ -43,9 +43,8 @@ class EngineConfig:
     # time, as the engine measures its own steps (scheduler/step_cost.py), unless the prefill
     # waiting would then take more than a few steps to enter (a burst is not queued behind it):
     # the gap that an admission makes in every decoding stream stays near this multiple of the
-    # usual one. None:
-    # GRAPHED_MIXED_STEP_RATIO where piecewise CUDA graphs run such steps, 0 elsewhere (an eager
-    # step's fixed host cost is better paid once); 0: off.
+    # usual one. None: GRAPHED_MIXED_STEP_RATIO where piecewise CUDA graphs run such steps, 0
+    # elsewhere (an eager step's fixed host cost is better paid once); 0: off.
     mixed_step_ratio: float | None = None
     max_running_requests: int = 64  # request slots
     max_queued_requests: int = 1024
