@@ -36,6 +36,10 @@ from radixserve.engine.scheduler.scheduler import Scheduler
 from radixserve.engine.tp.launch import TPLeader, building
 
 log = logging.getLogger(__name__)
+# While the device computes a step, the engine waits for commands (`launched_hook`) until this
+# share of the step's expected length has passed, then for the device: a step shorter than the
+# median by more than this is read late by the difference.
+WAKE_SHARE = 0.75
 
 
 class TokenLogprobs(NamedTuple):
@@ -175,13 +179,17 @@ class EngineCore:
         return bool(self.scheduler.waiting or self.scheduler.running or self._in_flight)
 
     # -- the loop -------------------------------------------------------------------------------
-    def step(self, launched_hook: Callable[[], None] | None = None) -> list[StepOutput]:
+    def step(self, launched_hook: Callable[..., None] | None = None) -> list[StepOutput]:
         """Schedule and launch a step, then read the outputs of the one before it (overlap on) or
-        of this one. `launched_hook` runs in between, while the device computes: the serving loop
-        applies the aborts that came during the step there, rather than after it. An abort there
-        frees a request with steps in flight, which `_process` then skips, as it does when one
-        overlapped step is in flight; pages freed there go to steps launched later on the same
-        stream, so no kernel still reading them is overtaken."""
+        of this one. `launched_hook(wait_s=0.0)` runs in between, while the device computes: the
+        serving loop applies the commands (aborts) that came during the step there, rather than
+        after it. It runs once after the launch, then, while the step being read is expected to
+        run a while longer, with `wait_s` > 0: the loop then blocks up to that long for the next
+        command, so an abort that comes while the engine waits for the device is applied at once
+        (`_apply_while_computing`). An abort there frees a request with steps in flight, which
+        `_process` then skips, as it does when one overlapped step is in flight; pages freed there
+        go to steps launched later on the same stream, so no kernel still reading them is
+        overtaken."""
         scheduled_at = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch is not None:
@@ -195,11 +203,29 @@ class EngineCore:
         if launched_hook is not None:
             launched_hook()
         if not self.config.overlap:
-            return self._process(*launched) if launched else []
+            return self._process(*launched, launched_hook) if launched else []
         previous, self._in_flight = self._in_flight, launched
-        return self._process(*previous) if previous else []
+        return self._process(*previous, launched_hook) if previous else []
 
-    def _process(self, batch: Batch, out: ForwardOutput) -> list[StepOutput]:
+    def _apply_while_computing(self, batch: Batch, out: ForwardOutput,
+                               hook: Callable[..., None]) -> None:
+        """Until WAKE_SHARE of `batch`'s expected length has passed since it started, wait
+        for commands through `hook` instead of for the device. Nothing is waited where the length
+        is not known yet."""
+        expected = self.scheduler.step_cost.expected_s(batch.decode_rows, batch.prefill_cost)
+        if expected is None:
+            return
+        wake = max(self._last_done, batch.scheduled_at) + WAKE_SHARE * expected
+        while not out.done():
+            left = wake - time.perf_counter()
+            if left <= 0:
+                return
+            hook(left)
+
+    def _process(self, batch: Batch, out: ForwardOutput,
+                 hook: Callable[..., None] | None = None) -> list[StepOutput]:
+        if hook is not None:
+            self._apply_while_computing(batch, out, hook)
         out.wait()
         # The device ran this step from when the one before was read, or from when this one was
         # scheduled if the engine was idle in between.

@@ -112,6 +112,10 @@ class ForwardOutput:
         if self.ready is not None:
             self.ready.synchronize()
 
+    def done(self) -> bool:
+        """Whether `wait` would return at once."""
+        return self.ready is None or self.ready.query()
+
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, args: ModelArgs, device: torch.device,

@@ -59,6 +59,15 @@ class StepCost:
         """Seconds one unit of prefill budget adds to a step that decodes (None until learned)."""
         return self._per_unit_s
 
+    def expected_s(self, decode_rows: int, prefill: float) -> float | None:
+        """How long a step that decodes `decode_rows` rows beside `prefill` units is expected to
+        take; None where that is not known (a step without decode rows, or costs not learned)."""
+        if decode_rows == 0 or self._decode_s is None:
+            return None
+        if prefill == 0:
+            return self._decode_s
+        return None if self._per_unit_s is None else self._decode_s + prefill * self._per_unit_s
+
     def prefill_within(self, ratio: float) -> float | None:
         """The prefill budget that keeps a step that decodes within `ratio` decode steps; None
         until both costs are known (until then the first admissions teach them)."""

@@ -65,7 +65,7 @@ class _Faulty:
             return os.path.exists(self._when)
         return self._steps >= self._when
 
-    def step(self, launched_hook: Callable[[], None] | None = None) -> list[Any]:
+    def step(self, launched_hook: Callable[..., None] | None = None) -> list[Any]:
         if self._armed():
             if self._kind == "raise":
                 raise InjectedFault("injected engine step failure")

@@ -7,8 +7,9 @@ calls from its thread (implementations hop back onto the event loop).
 Each iteration: drain every queued command (blocking only when idle), apply new requests then
 aborts, run at most one engine step, and emit at most one `StepBatch`. Commands that arrive while
 the step runs are drained once more when it has launched its work on the device (the engine's
-`launched_hook`), so an abort frees its request's pages within the step it arrived in, or at the
-latest at the start of the next one.
+`launched_hook`), and again as they arrive while the engine waits for the device, so an abort
+frees its request's pages within the step it arrived in, or at the latest at the start of the
+next one.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ class EngineLike(Protocol):
         """Thread-safe and cached; None when unconstrained; InvalidRequestError when it does not
         compile. Called on the scheduler's compile workers, never on the loop thread."""
     def abort(self, rid: str) -> bool: ...
-    def step(self, launched_hook: Callable[[], None] | None = None) -> list[Any]:
-        """`launched_hook`: called once within the step, while the device computes."""
+    def step(self, launched_hook: Callable[..., None] | None = None) -> list[Any]:
+        """`launched_hook(wait_s=0.0)`: called within the step while the device computes, once
+        after the launch, then possibly again with `wait_s` > 0, the time it may block waiting for
+        a command (EngineCore.step)."""
     def has_work(self) -> bool: ...
     def stats(self) -> dict[str, Any]: ...
     def check_integrity(self) -> None: ...
@@ -182,7 +185,8 @@ class EngineLoop:
         self._apply_all(engine, self._drain(block=not engine.has_work()), it)
         outputs: list[Any] = []
         if engine.has_work():
-            outputs = engine.step(lambda: self._apply_all(engine, self._drain(block=False), it))
+            outputs = engine.step(lambda wait_s=0.0: self._apply_all(
+                engine, self._drain(block=wait_s > 0, timeout_s=wait_s), it))
             self._steps += 1
         for out in outputs:
             if out.finish_reason is not None:
@@ -221,11 +225,14 @@ class EngineLoop:
         """Replace the snapshot other threads read (queue_full, metrics) with the engine's now."""
         self.stats = {**engine.stats(), "engine_steps_total": self._steps}
 
-    def _drain(self, block: bool) -> list[Command]:
+    def _drain(self, block: bool, timeout_s: float | None = None) -> list[Command]:
+        """Every queued command; with `block`, first wait up to `timeout_s` (idle_poll_s when
+        None) for one."""
         commands: list[Command] = []
         if block:
             try:
-                commands.append(self._inbox.get(timeout=self._config.idle_poll_s))
+                timeout = self._config.idle_poll_s if timeout_s is None else timeout_s
+                commands.append(self._inbox.get(timeout=timeout))
             except queue.Empty:
                 return commands
         while True:

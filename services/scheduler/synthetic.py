@@ -89,14 +89,18 @@ class SyntheticEngine:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
-    def step(self, launched_hook: Callable[[], None] | None = None) -> list[StepOutput]:
+    def step(self, launched_hook: Callable[..., None] | None = None) -> list[StepOutput]:
         # Steps start at least step_s apart, as steps of a device that takes step_s each; host
         # work between them overlaps that time, as under the real engine's overlap scheduling.
         if launched_hook is not None:  # as the engine's, once the device has work
             launched_hook()
-        wait = self._next_step - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)  # the device's time: the GIL is free for the other threads
+        # The device's time (the GIL is free for the other threads), spent as the engine spends
+        # it: waiting for commands through the hook, which applies each as it comes.
+        while (wait := self._next_step - time.monotonic()) > 0:
+            if launched_hook is None:
+                time.sleep(wait)
+                break
+            launched_hook(wait)
         self._next_step = time.monotonic() + self._step_s
         while self._waiting and len(self._running) < self._max_running:
             req = self._waiting.popleft()

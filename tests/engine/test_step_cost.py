@@ -175,3 +175,72 @@ def test_the_ratio_defaults_on_where_piecewise_graphs_run_prefill(path, make_llm
 def test_a_ratio_must_be_above_one_or_zero(ratio):
     with pytest.raises(ValueError, match="mixed_step_ratio"):
         EngineConfig(model_path="m", mixed_step_ratio=ratio)
+
+
+def test_the_expected_length_of_a_step():
+    cost = _taught(10 * MS, 0.02 * MS)
+    assert cost.expected_s(64, 0) == pytest.approx(10 * MS)
+    assert cost.expected_s(64, 250) == pytest.approx(15 * MS)
+    assert cost.expected_s(0, 250) is None  # prefill alone: not what was learned
+    fresh = StepCost()
+    fresh.observe(8, 0, 10 * MS)
+    assert fresh.expected_s(8, 0) == pytest.approx(10 * MS)
+    assert fresh.expected_s(8, 100) is None  # no prefill cost learned yet
+
+
+class _Device:
+    """A step's outputs that are ready after `polls` looks (None: never)."""
+
+    def __init__(self, polls: int | None) -> None:
+        self.polls = polls
+
+    def done(self) -> bool:
+        if self.polls is None:
+            return False
+        self.polls -= 1
+        return self.polls < 0
+
+
+def _computing(core, decode_s: float):
+    import time
+
+    from radixserve.engine.scheduler.batch import Batch
+
+    cost = StepCost()
+    cost.observe(4, 0, decode_s)
+    core.scheduler.step_cost = cost
+    batch = Batch(decode_rows=4)
+    batch.scheduled_at = core._last_done = time.perf_counter()
+    return batch
+
+
+def test_the_engine_waits_for_commands_while_a_step_computes(path, make_llm):
+    """While a step of known length computes, the engine waits through the hook (which applies
+    commands as they come) until WAKE_SHARE of that length, then for the device itself."""
+    import time
+
+    from radixserve.engine.core import WAKE_SHARE
+
+    core = make_llm(path, max_running_requests=4).core
+    batch = _computing(core, 0.4)
+    asked: list[float] = []
+
+    def hook(wait_s: float = 0.0) -> None:
+        asked.append(wait_s)
+        time.sleep(min(wait_s, 0.02))
+
+    began = time.perf_counter()
+    core._apply_while_computing(batch, _Device(None), hook)
+    took = time.perf_counter() - began
+    assert WAKE_SHARE * 0.4 - 0.01 <= took < WAKE_SHARE * 0.4 + 0.5  # a loaded machine has room
+    assert len(asked) >= 2 and all(0 < w <= WAKE_SHARE * 0.4 for w in asked)
+    assert asked == sorted(asked, reverse=True)  # each wait is what is left
+    # The device is done first: the engine reads it at once.
+    asked.clear()
+    core._apply_while_computing(_computing(core, 0.4), _Device(2), hook)
+    assert len(asked) == 2
+    # A step of unknown length (no decode step seen yet): only the device is waited for.
+    asked.clear()
+    core.scheduler.step_cost = StepCost()
+    core._apply_while_computing(batch, _Device(None), hook)
+    assert asked == []

@@ -92,7 +92,7 @@ class FakeEngine:
     def has_work(self) -> bool:
         return bool(self.reqs)
 
-    def step(self, launched_hook: Callable[[], None] | None = None) -> list[StepOutput]:
+    def step(self, launched_hook: Callable[..., None] | None = None) -> list[StepOutput]:
         if self.step_delay_s:  # the device's time; the hook runs halfway, as with a real step
             time.sleep(self.step_delay_s / 2)
             if launched_hook is not None:

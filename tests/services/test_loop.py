@@ -179,6 +179,47 @@ def test_loop_applies_an_abort_that_arrives_during_a_step_within_that_step() -> 
         lp.stop(1.0)
 
 
+def test_an_abort_that_comes_while_the_engine_waits_for_the_device_is_applied_at_once() -> None:
+    """An engine waits for the device through the hook (`launched_hook(wait_s)`, as EngineCore
+    does while a step it knows the length of runs): an abort that comes then is applied when it
+    comes, within the wait, not when the step ends; the wait then goes on."""
+    loop: list[EngineLoop] = []
+    waits: list[tuple[float, float]] = []  # (wait_s asked, seconds the hook took)
+
+    class Waiting(FakeEngine):
+        def step(self, launched_hook: Any = None) -> list[Any]:
+            if self.steps == 2 and launched_hook is not None:  # a step of the device's 3 s
+                launched_hook()
+                end = time.monotonic() + 3.0
+                while (left := end - time.monotonic()) > 0:
+                    began = time.monotonic()
+                    launched_hook(left)
+                    waits.append((left, time.monotonic() - began))
+                launched_hook = None
+            return super().step(launched_hook)
+
+    engine, sink = Waiting(), Sink()
+    lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False, idle_poll_s=0.05))
+    loop.append(lp)
+    lp.start()
+    try:
+        lp.submit(Submission("gw", [new("a", 1000), new("b", 1000)]))
+        wait_for(lambda: engine.steps == 2 and len(waits) == 0)
+        time.sleep(0.2)  # into the long step's wait
+        t0 = time.monotonic()
+        lp.submit(Submission("gw", abort_ids=["a"]))
+        wait_for(lambda: lp.stats.get("running_requests") == 1)
+        assert time.monotonic() - t0 < 1.5  # the wait ends at 3 s; a loaded machine has room
+        assert engine.abort_steps["a"] == 2  # within the long step
+        wait_for(lambda: engine.steps > 2, timeout=10)
+        assert waits[0][1] < waits[0][0]  # the abort ended the first wait early ...
+        assert len(waits) >= 2  # ... and the step waited on
+        batch = next(b for b in sink.steps if b.aborted)
+        assert batch.aborted == ["a"] and [o.rid for o in batch.outputs] == ["b"]
+    finally:
+        lp.stop(5.0)
+
+
 def test_loop_abort_frees_before_the_next_step_and_shows_it() -> None:
     """Abort latency (docs/reliability.md #11 and Targets): an abort that reaches the loop while a
     step runs frees the request before the step after it, and the stats snapshot (what `bench abort`
