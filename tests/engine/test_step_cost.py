@@ -229,10 +229,9 @@ def test_the_engine_waits_for_commands_while_a_step_computes(path, make_llm):
         asked.append(wait_s)
         time.sleep(min(wait_s, 0.02))
 
-    began = time.perf_counter()
     core._apply_while_computing(batch, _Device(None), hook)
-    took = time.perf_counter() - began
-    assert WAKE_SHARE * 0.4 - 0.01 <= took < WAKE_SHARE * 0.4 + 0.5  # a loaded machine has room
+    took = time.perf_counter() - batch.scheduled_at  # the step's start
+    assert WAKE_SHARE * 0.4 <= took < WAKE_SHARE * 0.4 + 0.5  # a loaded machine has room
     assert len(asked) >= 2 and all(0 < w <= WAKE_SHARE * 0.4 for w in asked)
     assert asked == sorted(asked, reverse=True)  # each wait is what is left
     # The device is done first: the engine reads it at once.
