@@ -207,6 +207,11 @@ class EngineCore:
         previous, self._in_flight = self._in_flight, launched
         return self._process(*previous, launched_hook) if previous else []
 
+    def _started(self, batch: Batch) -> float:
+        """When the device began `batch`: when the step before it was read, or when it was
+        scheduled if the engine was idle in between (time.perf_counter())."""
+        return max(self._last_done, batch.scheduled_at)
+
     def _apply_while_computing(self, batch: Batch, out: ForwardOutput,
                                hook: Callable[..., None]) -> None:
         """Until WAKE_SHARE of `batch`'s expected length has passed since it started, wait
@@ -215,7 +220,7 @@ class EngineCore:
         expected = self.scheduler.step_cost.expected_s(batch.decode_rows, batch.prefill_cost)
         if expected is None:
             return
-        wake = max(self._last_done, batch.scheduled_at) + WAKE_SHARE * expected
+        wake = self._started(batch) + WAKE_SHARE * expected
         while not out.done():
             left = wake - time.perf_counter()
             if left <= 0:
@@ -227,11 +232,9 @@ class EngineCore:
         if hook is not None:
             self._apply_while_computing(batch, out, hook)
         out.wait()
-        # The device ran this step from when the one before was read, or from when this one was
-        # scheduled if the engine was idle in between.
         done = time.perf_counter()
         self.scheduler.step_cost.observe(batch.decode_rows, batch.prefill_cost,
-                                         done - max(self._last_done, batch.scheduled_at))
+                                         done - self._started(batch))
         self._last_done = done
         if self.tp is not None:
             self.tp.check()  # a peer that died mid-step leaves results that must not be used
