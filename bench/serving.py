@@ -160,15 +160,14 @@ def warm_up_work(cfg: BenchConfig, vocab: int, replicas: int = 1) -> list[list[i
 
 def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str, Any]:
     """The plane's figures of a level from readings of the services' metrics around it."""
-    replicas = sum(1 for e in after.endpoints if (ENGINE_STEPS, ()) in e)
+    schedulers = [e for e in after.endpoints if (ENGINE_STEPS, ()) in e]  # one per replica
     steps = after.total(ENGINE_STEPS) - before.total(ENGINE_STEPS)
-    step_ms = duration_s * replicas / steps * 1e3 if steps > 0 else math.nan
+    step_ms = duration_s * len(schedulers) / steps * 1e3 if steps > 0 else math.nan
     out: dict[str, Any] = {"step_ms": step_ms}
     for key, histogram in HOPS.items():
         out[key] = observed_ms(before, after, histogram)
     # the prefill a step that decodes took at the level's end (mixed_step_ratio), each replica's
-    out["prefill_cap"] = [e.get((PREFILL_CAP, ()), 0.0) for e in after.endpoints
-                          if (ENGINE_STEPS, ()) in e]
+    out["prefill_cap"] = [e.get((PREFILL_CAP, ()), 0.0) for e in schedulers]
     return out
 
 
