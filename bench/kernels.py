@@ -162,46 +162,65 @@ def _graphed_decode(fi: Any, workspace: torch.Tensor, tensor_cores: bool, opts: 
     return _graphed_us(lambda cache: wrapper.run(q, cache), caches), out
 
 
-# (keys per tile, programs aimed at, warps) of attention/small_decode.py; the first is its default
-SMALL_DECODE_SHAPES = [(64, 512, 4), (64, 256, 4), (64, 1024, 4), (32, 512, 4), (128, 512, 8),
-                       (64, 512, 8)]
+# attention/small_decode.py's launch shapes (keys per tile, programs aimed at, warps, pipeline
+# stages); the first is its default. From 64 rows on every row is one program a KV head whatever
+# the programs aimed at, so the wide graphs sweep tiles, warps and stages instead.
+SMALL_DECODE_SHAPES = [(64, 512, 4, 3), (64, 256, 4, 3), (64, 1024, 4, 3), (32, 512, 4, 3),
+                       (128, 512, 8, 3), (64, 512, 8, 3)]
+WIDE_DECODE_SHAPES = [(64, 512, 4, 3), (64, 512, 4, 1), (64, 512, 4, 2), (64, 512, 4, 4),
+                      (32, 512, 4, 3), (32, 512, 4, 4), (32, 512, 2, 3), (32, 512, 2, 4),
+                      (64, 512, 2, 3), (128, 512, 4, 2), (128, 512, 4, 3), (128, 512, 8, 3),
+                      (64, 512, 8, 3), (16, 512, 2, 4)]
+SMALL_DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def small_decode() -> list[dict[str, Any]]:
+def small_decode(rows: str = "") -> list[dict[str, Any]]:
     """Decode attention in CUDA graphs at 1-256 rows (the graphs that small_decode_rows gives the
     Triton kernel): attention/small_decode.py's kernels against FlashInfer's graph-mode decode
     (plan as the backend's), both launched with programmatic dependent launch as in a served
     step; device us per call, and the largest difference. Past 32 rows only contexts of up to
-    2,048 keys (the KV of 256 rows of 2,048 keys is 2 GB)."""
+    2,048 keys (the KV of 256 rows of 2,048 keys is 2 GB), and a ragged case: lengths uniform in
+    [100, 2,048], as late in the offline workload. rows: comma-separated row counts, all if
+    empty."""
     import flashinfer
     from radixserve.engine import pdl
-    from radixserve.engine.attention.small_decode import SmallBatchDecode
+    from radixserve.engine.attention.small_decode import LaunchShape, SmallBatchDecode
 
     dev = torch.device("cuda")
     pdl.configure(True, dev)
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
     nkv, hd, P = DECODE_NKV, DECODE_HD, DECODE_P
-    rows = []
+    g = torch.Generator().manual_seed(0)
+    out_rows = []
     for nh in (16, 32):
-        for B in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-            for ctx in (128, 512, 2048, 8192) if B <= 32 else (512, 2048):
-                pages = B * ctx // P
-                kv_bytes = 2 * B * ctx * nkv * hd * 2
-                copies = max(1, min(64, (512 << 20) // kv_bytes))
+        for B in [int(b) for b in rows.split(",")] if rows else SMALL_DECODE_ROWS:
+            wide = B > 32
+            for ctx in ("ragged", 512, 2048) if wide else (128, 512, 2048, 8192):
+                if ctx == "ragged":
+                    lens = torch.randint(100, 2049, (B,), generator=g).tolist()
+                else:
+                    lens = [int(ctx)] * B
+                width = -(-max(lens) // P)  # pages a row
+                pages = B * width
+                kv_bytes = 2 * sum(lens) * nkv * hd * 2
+                copies = max(1, min(64, (512 << 20) // (2 * pages * P * nkv * hd * 2)))
                 kv = torch.randn(copies, 2, pages, P, nkv, hd, device=dev, dtype=torch.bfloat16)
                 caches = [(kv[i, 0], kv[i, 1]) for i in range(copies)]
                 q = torch.randn(B, nh, hd, device=dev, dtype=torch.bfloat16)
-                perm = torch.randperm(pages, device=dev)
-                plan_args = (torch.arange(B + 1, dtype=torch.int32) * (ctx // P), perm.int(),
-                             torch.full((B,), P, dtype=torch.int32))
+                perm = torch.randperm(pages, device=dev).view(B, width)
+                used = [-(-n // P) for n in lens]
+                plan_args = (torch.tensor([0] + used).cumsum(0).int(),
+                             torch.cat([perm[i, :u] for i, u in enumerate(used)]).int(),
+                             torch.tensor([n - (u - 1) * P for n, u in zip(lens, used)],
+                                          dtype=torch.int32))
                 fi_us, ref = _graphed_decode(flashinfer, workspace, False, {}, q, caches, plan_args)
-                table = _token_table(perm.view(B, -1), P)
+                table = _token_table(perm, P)
                 row: dict[str, Any] = {"kernel": f"small decode nh={nh} B={B} ctx={ctx}",
                                        "flashinfer_us": fi_us, "maxdiff": 0.0}
-                for block_n, programs, warps in SMALL_DECODE_SHAPES:
-                    small = SmallBatchDecode(nh, nkv, hd, hd**-0.5, B, table, block_n, programs,
-                                             warps)
-                    small.plan(B, list(range(B)), [ctx] * B)
+                for shape in map(LaunchShape._make,
+                                 WIDE_DECODE_SHAPES if wide else SMALL_DECODE_SHAPES):
+                    small = SmallBatchDecode(nh, nkv, hd, hd**-0.5, B, table, shape)
+                    small.plan(B, list(range(B)), lens)
                     call = small.bind(B)
                     out = torch.empty_like(q)
 
@@ -211,13 +230,15 @@ def small_decode() -> list[dict[str, Any]]:
                     ours(caches[0])
                     row["maxdiff"] = max(row["maxdiff"],
                                          float((out.float() - ref.float()).abs().max()))
-                    row[f"{block_n}x{programs}w{warps}_us"] = _graphed_us(ours, caches)
+                    name = "{}x{}w{}s{}_us".format(*shape)
+                    row[name] = _graphed_us(ours, caches)
                 best = min((k for k in row if k.endswith("_us") and k != "flashinfer_us"),
                            key=lambda k: row[k])
                 row["best"], row["best_TB_s"] = best, kv_bytes / row[best] / 1e6
-                rows.append(row)
+                row["flashinfer_TB_s"] = kv_bytes / fi_us / 1e6
+                out_rows.append(row)
                 del kv, caches
-    return rows
+    return out_rows
 
 
 # (name, N, K): the linear layers of Qwen3-0.6B and Qwen3-8B (qkv, o, gate_up, down, lm_head).
@@ -424,10 +445,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parts", default="ceilings,kv_store,flashinfer_decode,gemv",
                     help="comma-separated; also decode_variants, attention_prefill, small_decode, "
                     "gemv_layers")
+    ap.add_argument("--rows", default="",
+                    help="small_decode: comma-separated row counts (default: 1 to 256)")
     a = ap.parse_args(argv)
     for part in (globals()[p] for p in a.parts.split(",")):
         try:
-            rows = part()
+            rows = part(a.rows) if part is small_decode else part()
         except Exception as e:  # report and go on: each part is independent
             rows = [{"kernel": part.__name__, "error": f"{type(e).__name__}: {e}"[:300]}]
         for row in rows:

@@ -25,6 +25,8 @@ tensor-core tile, and Qwen3-8B's groups are of 4.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from radixserve.engine import pdl
 from radixserve.engine.attention.base import LayerCall
@@ -35,10 +37,21 @@ try:
 except ImportError:
     triton = None
 
-# The launch shape: the best, or within 1 us of it, of six swept on an H200 at 1-32 rows and
-# 128-8,192 keys (`bench kernels --parts small_decode`, docs/benchmarks.md)
-BLOCK_N = 64  # keys per tile: one program's smallest share of a row
-TARGET_PROGRAMS = 512  # about four per SM of an H200: enough KV reads in flight at a few rows
+
+class LaunchShape(NamedTuple):
+    """How the kernel is launched (`bench kernels --parts small_decode` sweeps these)."""
+
+    block_n: int = 64  # keys per tile: one program's smallest share of a row
+    programs: int = 512  # programs aimed at in all: about four per SM of an H200
+    warps: int = 4
+    stages: int = 3  # Triton's software pipelining of the key loop's loads
+
+
+# The best, or within 1 us of it, of six swept on an H200 at 1-32 rows and 128-8,192 keys
+# (docs/benchmarks.md); the same shape is used at every row count
+DEFAULT_SHAPE = LaunchShape()
+BLOCK_N = DEFAULT_SHAPE.block_n
+TARGET_PROGRAMS = DEFAULT_SHAPE.programs
 MAX_SPLITS = 64
 MERGE_CHUNK = 8  # parts the merging program reads at a time, per head
 
@@ -155,13 +168,13 @@ class SmallBatchDecode:
     length (rewritten by `plan` before a replay), the parts' scratch and their arrival counts."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float,
-                 max_rows: int, page_table: torch.Tensor, block_n: int = BLOCK_N,
-                 programs: int = TARGET_PROGRAMS, warps: int = 4) -> None:
-        """block_n, programs, warps: the launch shape (`bench kernels --parts small_decode`)."""
+                 max_rows: int, page_table: torch.Tensor,
+                 shape: LaunchShape = DEFAULT_SHAPE) -> None:
         assert num_heads % num_kv_heads == 0 and head_dim & (head_dim - 1) == 0
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.sm_scale, self.max_rows, self.page_table = sm_scale, max_rows, page_table
-        self.block_n, self.programs, self.warps = block_n, programs, warps
+        self.shape = shape
+        programs = shape.programs
         dev = page_table.device
         self.rows = torch.zeros(2, max_rows, dtype=torch.int64, device=dev)  # slot, length
         self.rows[1].fill_(1)
@@ -190,8 +203,9 @@ class SmallBatchDecode:
         """The call that runs one layer for graphs of `batch_size` rows."""
         assert batch_size <= self.max_rows
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        splits = splits_for(batch_size, nkv, self.programs)
-        group, block_n, warps = nh // nkv, self.block_n, self.warps
+        block_n, programs, warps, stages = self.shape
+        splits = splits_for(batch_size, nkv, programs)
+        group = nh // nkv
         table = self.page_table
         grid = (batch_size, nkv, splits)
 
@@ -205,6 +219,6 @@ class SmallBatchDecode:
                 k.stride(1), k.stride(2), out.stride(0), out.stride(1), NH=nh, NKV=nkv,
                 GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd,
                 BLOCK_N=block_n, SPLITS=splits, CHUNK=MERGE_CHUNK, num_warps=warps,
-                **pdl.launch_kwargs())
+                num_stages=stages, **pdl.launch_kwargs())
 
         return call

@@ -11,7 +11,8 @@ from triton_interpreter import cpu_only, run_interpreted
 
 _INTERPRETED = """
 import torch
-from radixserve.engine.attention.small_decode import BLOCK_N, SmallBatchDecode, splits_for
+from radixserve.engine.attention.small_decode import (BLOCK_N, LaunchShape, SmallBatchDecode,
+                                                      splits_for)
 
 torch.manual_seed(0)
 HD, P, PAGES = 64, 16, 300
@@ -31,7 +32,7 @@ for NH, NKV, lens, programs in ((8, 2, [1], 512), (8, 2, [BLOCK_N, BLOCK_N + 1],
         table[slot] = (pages[:, None] * P + torch.arange(P)).reshape(-1)[:width]
     slots = [B + 1 - i for i in range(B)]
     small = SmallBatchDecode(NH, NKV, HD, HD ** -0.5, max_rows=B + 2, page_table=table,
-                             programs=programs)
+                             shape=LaunchShape(programs=programs))
     assert (splits_for(B + 2, NKV, programs) == 1) == (programs == 8)
     small.plan(B + 2, slots, lens)  # two padded rows
     q = torch.randn(B + 2, NH, HD)
