@@ -45,26 +45,37 @@ class LaunchShape(NamedTuple):
     programs: int = 512  # programs aimed at in all: about four per SM of an H200
     warps: int = 4
     stages: int = 3  # Triton's software pipelining of the key loop's loads
+    # a row splits only into shares of at least this many tiles: in a wide graph of ragged rows
+    # the long ones split and the short ones stay whole
+    min_tiles: int = 1
 
 
-# The best, or within 1 us of it, of six swept on an H200 at 1-32 rows and 128-8,192 keys
-# (docs/benchmarks.md); the same shape is used at every row count
+# Graphs of up to 32 rows: the best, or within 1 us of it, of six swept on an H200 at 1-32 rows
+# and 128-8,192 keys. Wider graphs, whose rows are ragged (lengths uniform in 100-2,048 keys):
+# larger tiles, and only the long rows split (docs/benchmarks.md)
 DEFAULT_SHAPE = LaunchShape()
+WIDE_ROWS = 32
+WIDE_SHAPE = LaunchShape(block_n=128, programs=4096, min_tiles=4)
 BLOCK_N = DEFAULT_SHAPE.block_n
 TARGET_PROGRAMS = DEFAULT_SHAPE.programs
 MAX_SPLITS = 64
 MERGE_CHUNK = 8  # parts the merging program reads at a time, per head
 
+
+def shape_for(rows: int) -> LaunchShape:
+    return DEFAULT_SHAPE if rows <= WIDE_ROWS else WIDE_SHAPE
+
 if triton is not None:
     from radixserve.engine.pdl import wait_for_step_data
 
     @triton.jit
-    def _shares(rows_ptr, max_rows, b, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _shares(rows_ptr, max_rows, b, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                MIN_TILES: tl.constexpr):
         """(slot, length, tiles per program, programs with tiles) of row b."""
         slot = tl.load(rows_ptr + b)
         seq = tl.load(rows_ptr + max_rows + b)
         tiles = tl.cdiv(seq, BLOCK_N)
-        per = tl.cdiv(tiles, tl.minimum(tiles, SPLITS))
+        per = tl.maximum(MIN_TILES, tl.cdiv(tiles, tl.minimum(tiles, SPLITS)))
         return slot, seq, per, tl.cdiv(tiles, per)
 
     @triton.jit
@@ -109,10 +120,10 @@ if triton is not None:
                        kv_stride_t, kv_stride_h, o_stride_b, o_stride_h, NH: tl.constexpr,
                        NKV: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
                        HD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                       CHUNK: tl.constexpr, PDL: tl.constexpr):
+                       MIN_TILES: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
         b, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         wait_for_step_data(PDL)
-        slot, seq, per, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N)
+        slot, seq, per, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N, MIN_TILES)
         g = tl.arange(0, GROUP_P)
         heads = kvh * GROUP + g
         d = tl.arange(0, HD)
@@ -169,23 +180,26 @@ class SmallBatchDecode:
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float,
                  max_rows: int, page_table: torch.Tensor,
-                 shape: LaunchShape = DEFAULT_SHAPE) -> None:
+                 shape: LaunchShape | None = None) -> None:
+        """shape: one launch shape at every row count; by default `shape_for` the rows."""
         assert num_heads % num_kv_heads == 0 and head_dim & (head_dim - 1) == 0
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.sm_scale, self.max_rows, self.page_table = sm_scale, max_rows, page_table
-        self.shape = shape
-        programs = shape.programs
+        self._shape = shape
         dev = page_table.device
         self.rows = torch.zeros(2, max_rows, dtype=torch.int64, device=dev)  # slot, length
         self.rows[1].fill_(1)
         # a graph of B rows writes parts [0, B * num_heads * splits_for(B))
-        parts = num_heads * max(b * splits_for(b, num_kv_heads, programs)
+        parts = num_heads * max(b * splits_for(b, num_kv_heads, self.shape_at(b).programs)
                                 for b in range(1, max_rows + 1))
         self._parts_o = torch.empty(parts, head_dim, dtype=torch.float32, device=dev)
         self._parts_lse = torch.empty(parts, dtype=torch.float32, device=dev)
         # per (row, KV head): how many of its programs have written their parts; the last one
         # merges and puts it back to 0
         self._arrivals = torch.zeros(max_rows * num_kv_heads, dtype=torch.int32, device=dev)
+
+    def shape_at(self, rows: int) -> LaunchShape:
+        return self._shape or shape_for(rows)
 
     @staticmethod
     def usable(device: torch.device, head_dim: int) -> bool:
@@ -203,7 +217,7 @@ class SmallBatchDecode:
         """The call that runs one layer for graphs of `batch_size` rows."""
         assert batch_size <= self.max_rows
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        block_n, programs, warps, stages = self.shape
+        block_n, programs, warps, stages, min_tiles = self.shape_at(batch_size)
         splits = splits_for(batch_size, nkv, programs)
         group = nh // nkv
         table = self.page_table
@@ -218,7 +232,7 @@ class SmallBatchDecode:
                 self.sm_scale, self.max_rows, table.stride(0), q.stride(0), q.stride(1),
                 k.stride(1), k.stride(2), out.stride(0), out.stride(1), NH=nh, NKV=nkv,
                 GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd,
-                BLOCK_N=block_n, SPLITS=splits, CHUNK=MERGE_CHUNK, num_warps=warps,
-                num_stages=stages, **pdl.launch_kwargs())
+                BLOCK_N=block_n, SPLITS=splits, MIN_TILES=min_tiles, CHUNK=MERGE_CHUNK,
+                num_warps=warps, num_stages=stages, **pdl.launch_kwargs())
 
         return call
