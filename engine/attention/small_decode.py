@@ -44,18 +44,16 @@ class LaunchShape(NamedTuple):
     block_n: int = 64  # keys per tile: one program's smallest share of a row
     programs: int = 512  # programs aimed at in all: about four per SM of an H200
     warps: int = 4
-    stages: int = 3  # Triton's software pipelining of the key loop's loads
-    # a row splits only into shares of at least this many tiles: in a wide graph of ragged rows
-    # the long ones split and the short ones stay whole
-    min_tiles: int = 1
+    stages: int = 3  # Triton's software pipelining of the key loop's loads (its default)
 
 
 # Graphs of up to 32 rows: the best, or within 1 us of it, of six swept on an H200 at 1-32 rows
-# and 128-8,192 keys. Wider graphs, whose rows are ragged (lengths uniform in 100-2,048 keys):
-# larger tiles, and only the long rows split (docs/benchmarks.md)
+# and 128-8,192 keys. Wider graphs (never split: one program a row and KV head) take tiles of 128
+# keys: with ragged rows, as a served batch has them, fewer and longer loads per program end the
+# long rows sooner (docs/benchmarks.md)
 DEFAULT_SHAPE = LaunchShape()
 WIDE_ROWS = 32
-WIDE_SHAPE = LaunchShape(block_n=128, programs=4096, min_tiles=4)
+WIDE_SHAPE = LaunchShape(block_n=128)
 BLOCK_N = DEFAULT_SHAPE.block_n
 TARGET_PROGRAMS = DEFAULT_SHAPE.programs
 MAX_SPLITS = 64
@@ -69,13 +67,12 @@ if triton is not None:
     from radixserve.engine.pdl import wait_for_step_data
 
     @triton.jit
-    def _shares(rows_ptr, max_rows, b, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                MIN_TILES: tl.constexpr):
+    def _shares(rows_ptr, max_rows, b, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
         """(slot, length, tiles per program, programs with tiles) of row b."""
         slot = tl.load(rows_ptr + b)
         seq = tl.load(rows_ptr + max_rows + b)
         tiles = tl.cdiv(seq, BLOCK_N)
-        per = tl.maximum(MIN_TILES, tl.cdiv(tiles, tl.minimum(tiles, SPLITS)))
+        per = tl.cdiv(tiles, tl.minimum(tiles, SPLITS))
         return slot, seq, per, tl.cdiv(tiles, per)
 
     @triton.jit
@@ -120,10 +117,10 @@ if triton is not None:
                        kv_stride_t, kv_stride_h, o_stride_b, o_stride_h, NH: tl.constexpr,
                        NKV: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
                        HD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                       MIN_TILES: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
+                       CHUNK: tl.constexpr, PDL: tl.constexpr):
         b, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         wait_for_step_data(PDL)
-        slot, seq, per, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N, MIN_TILES)
+        slot, seq, per, used = _shares(rows_ptr, max_rows, b, SPLITS, BLOCK_N)
         g = tl.arange(0, GROUP_P)
         heads = kvh * GROUP + g
         d = tl.arange(0, HD)
@@ -217,7 +214,7 @@ class SmallBatchDecode:
         """The call that runs one layer for graphs of `batch_size` rows."""
         assert batch_size <= self.max_rows
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        block_n, programs, warps, stages, min_tiles = self.shape_at(batch_size)
+        block_n, programs, warps, stages = self.shape_at(batch_size)
         splits = splits_for(batch_size, nkv, programs)
         group = nh // nkv
         table = self.page_table
@@ -232,7 +229,7 @@ class SmallBatchDecode:
                 self.sm_scale, self.max_rows, table.stride(0), q.stride(0), q.stride(1),
                 k.stride(1), k.stride(2), out.stride(0), out.stride(1), NH=nh, NKV=nkv,
                 GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd,
-                BLOCK_N=block_n, SPLITS=splits, MIN_TILES=min_tiles, CHUNK=MERGE_CHUNK,
+                BLOCK_N=block_n, SPLITS=splits, CHUNK=MERGE_CHUNK,
                 num_warps=warps, num_stages=stages, **pdl.launch_kwargs())
 
         return call

@@ -11,18 +11,20 @@ from triton_interpreter import cpu_only, run_interpreted
 
 _INTERPRETED = """
 import torch
-from radixserve.engine.attention.small_decode import (BLOCK_N, LaunchShape, SmallBatchDecode,
-                                                      splits_for)
+from radixserve.engine.attention.small_decode import (BLOCK_N, DEFAULT_SHAPE, WIDE_SHAPE,
+                                                      SmallBatchDecode, splits_for)
 
 torch.manual_seed(0)
 HD, P, PAGES = 64, 16, 300
-# (query heads, KV heads, lengths, programs, least tiles a share): groups of 4, and of 3 (not
-# a power of two); at 8 programs every row is one program a KV head (no split); with shares of
-# at least 4 tiles a row of 1,000 keys splits in 4, one of 300 in 2 and one of 5 not at all
-for NH, NKV, lens, programs, min_tiles in (
-        (8, 2, [1], 512, 1), (8, 2, [BLOCK_N, BLOCK_N + 1], 512, 1),
-        (8, 2, [5, 300, 2 * BLOCK_N, 1000], 512, 1), (6, 2, [5, 1000], 512, 1),
-        (8, 2, [5, 300, 1000], 8, 1), (8, 2, [5, 300, 1000], 512, 4)):
+# (query heads, KV heads, lengths, launch shape): groups of 4, and of 3 (not a power of two); at
+# 8 programs every row is one program a KV head (no split), as in graphs of 64 rows and more,
+# with the tiles of the narrow graphs and of the wide ones
+WIDE = WIDE_SHAPE._replace(programs=8)
+for NH, NKV, lens, shape in (
+        (8, 2, [1], DEFAULT_SHAPE), (8, 2, [BLOCK_N, BLOCK_N + 1], DEFAULT_SHAPE),
+        (8, 2, [5, 300, 2 * BLOCK_N, 1000], DEFAULT_SHAPE), (6, 2, [5, 1000], DEFAULT_SHAPE),
+        (8, 2, [5, 300, 1000], DEFAULT_SHAPE._replace(programs=8)),
+        (8, 2, [5, WIDE.block_n, WIDE.block_n + 1, 1000], WIDE)):
     k_pages = torch.randn(PAGES, P, NKV, HD)
     v_pages = torch.randn(PAGES, P, NKV, HD)
     B = len(lens)
@@ -34,8 +36,8 @@ for NH, NKV, lens, programs, min_tiles in (
         table[slot] = (pages[:, None] * P + torch.arange(P)).reshape(-1)[:width]
     slots = [B + 1 - i for i in range(B)]
     small = SmallBatchDecode(NH, NKV, HD, HD ** -0.5, max_rows=B + 2, page_table=table,
-                             shape=LaunchShape(programs=programs, min_tiles=min_tiles))
-    assert (splits_for(B + 2, NKV, programs) == 1) == (programs == 8)
+                             shape=shape)
+    assert (splits_for(B + 2, NKV, shape.programs) == 1) == (shape.programs == 8)
     small.plan(B + 2, slots, lens)  # two padded rows
     q = torch.randn(B + 2, NH, HD)
     out = torch.full((B + 2, NH, HD), float("nan"))
@@ -53,7 +55,7 @@ for NH, NKV, lens, programs, min_tiles in (
         s = torch.einsum("hd,nhd->hn", q[i].double(), k) * HD ** -0.5
         ref = torch.einsum("hn,nhd->hd", s.softmax(-1), v)
         err = ((out[i].double() - ref).norm() / ref.norm()).item()
-        assert err < 1e-5, (lens, n, err, splits_for(B + 2, NKV, programs), min_tiles)
+        assert err < 1e-5, (lens, n, err, shape)
 print("small decode matches")
 """
 
