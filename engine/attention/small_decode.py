@@ -63,6 +63,7 @@ MERGE_CHUNK = 8  # parts the merging program reads at a time, per head
 def shape_for(rows: int) -> LaunchShape:
     return DEFAULT_SHAPE if rows <= WIDE_ROWS else WIDE_SHAPE
 
+
 if triton is not None:
     from radixserve.engine.pdl import wait_for_step_data
 
