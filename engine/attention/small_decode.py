@@ -54,8 +54,6 @@ class LaunchShape(NamedTuple):
 DEFAULT_SHAPE = LaunchShape()
 WIDE_ROWS = 32
 WIDE_SHAPE = LaunchShape(block_n=128)
-BLOCK_N = DEFAULT_SHAPE.block_n
-TARGET_PROGRAMS = DEFAULT_SHAPE.programs
 MAX_SPLITS = 64
 MERGE_CHUNK = 8  # parts the merging program reads at a time, per head
 
@@ -166,7 +164,7 @@ if triton is not None:
                              NH=NH, GROUP=GROUP, HD=HD, SPLITS=SPLITS, CHUNK=CHUNK)
 
 
-def splits_for(batch: int, num_kv_heads: int, programs: int = TARGET_PROGRAMS) -> int:
+def splits_for(batch: int, num_kv_heads: int, programs: int) -> int:
     """Programs per (row, KV head): about `programs` in all, a power of two."""
     want = max(1, programs // max(1, batch * num_kv_heads))
     return min(MAX_SPLITS, 1 << (want - 1).bit_length())

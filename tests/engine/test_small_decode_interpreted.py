@@ -11,11 +11,12 @@ from triton_interpreter import cpu_only, run_interpreted
 
 _INTERPRETED = """
 import torch
-from radixserve.engine.attention.small_decode import (BLOCK_N, DEFAULT_SHAPE, WIDE_SHAPE,
-                                                      SmallBatchDecode, splits_for)
+from radixserve.engine.attention.small_decode import (DEFAULT_SHAPE, WIDE_SHAPE, SmallBatchDecode,
+                                                      splits_for)
 
 torch.manual_seed(0)
 HD, P, PAGES = 64, 16, 300
+BLOCK_N = DEFAULT_SHAPE.block_n
 # (query heads, KV heads, lengths, launch shape): groups of 4, and of 3 (not a power of two); at
 # 8 programs every row is one program a KV head (no split), as in graphs of 64 rows and more,
 # with the tiles of the narrow graphs and of the wide ones
