@@ -163,12 +163,14 @@ def _graphed_decode(fi: Any, workspace: torch.Tensor, tensor_cores: bool, opts: 
 
 
 # attention/small_decode.py's launch shapes (keys per tile, programs aimed at, warps, pipeline
-# stages); the first of each list is its default for those rows. From 64 rows on every row is one
-# program a KV head whatever the programs aimed at, so the wide graphs sweep the others.
+# stages, spare programs, long_tiles); the first of each list is its default for those rows. From
+# 64 rows on every row is one program a KV head whatever the programs aimed at, and rows past
+# long_tiles tiles share out over the spare programs, so the wide graphs sweep those.
 SMALL_DECODE_SHAPES = [(64, 512, 4, 3), (64, 256, 4, 3), (64, 1024, 4, 3), (32, 512, 4, 3),
                        (128, 512, 8, 3), (64, 512, 8, 3)]
-WIDE_DECODE_SHAPES = [(128, 512, 4, 3), (128, 512, 4, 2), (128, 512, 8, 3), (64, 512, 4, 3),
-                      (64, 512, 4, 4), (64, 512, 2, 3), (32, 512, 2, 4), (16, 512, 2, 4)]
+WIDE_DECODE_SHAPES = [(128, 512, 4, 3, 64, 16), (128, 512, 4, 3, 0, 16), (128, 512, 4, 3, 32, 16),
+                      (128, 512, 4, 3, 128, 16), (128, 512, 4, 3, 64, 8), (64, 512, 4, 3, 0, 16),
+                      (64, 512, 4, 3, 64, 32)]
 SMALL_DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -176,10 +178,11 @@ def small_decode(rows: str = "") -> list[dict[str, Any]]:
     """Decode attention in CUDA graphs at 1-256 rows (the graphs that small_decode_rows gives the
     Triton kernel): attention/small_decode.py's kernels against FlashInfer's graph-mode decode
     (plan as the backend's), both launched with programmatic dependent launch as in a served
-    step; device us per call, and the largest difference. Past 32 rows only contexts of up to
-    2,048 keys (the KV of 256 rows of 2,048 keys is 2 GB), and a ragged case: lengths uniform in
-    [100, 2,048], as late in the offline workload. rows: comma-separated row counts, all if
-    empty."""
+    step; device us per call, and the largest difference. Past 32 rows contexts of up to 2,048
+    keys (the KV of 256 rows of 2,048 keys is 2 GB), a ragged case: lengths uniform in
+    [100, 2,048], as late in the offline workload, and "long": the ragged rows with 8 of them at
+    16,384 keys, as long prompts decoding beside short ones. rows: comma-separated row counts,
+    all if empty."""
     import flashinfer
     from radixserve.engine import pdl
     from radixserve.engine.attention.small_decode import LaunchShape, SmallBatchDecode
@@ -193,9 +196,12 @@ def small_decode(rows: str = "") -> list[dict[str, Any]]:
     for nh in (16, 32):
         for B in [int(b) for b in rows.split(",")] if rows else SMALL_DECODE_ROWS:
             wide = B > 32
-            for ctx in ("ragged", 512, 2048) if wide else (128, 512, 2048, 8192):
-                if ctx == "ragged":
+            for ctx in ("ragged", "long", 512, 2048) if wide else (128, 512, 2048, 8192):
+                if ctx in ("ragged", "long"):
                     lens = torch.randint(100, 2049, (B,), generator=g).tolist()
+                    if ctx == "long":
+                        for i in range(8):
+                            lens[i * B // 8] = 16384
                 else:
                     lens = [int(ctx)] * B
                 width = -(-max(lens) // P)  # pages a row
@@ -215,8 +221,8 @@ def small_decode(rows: str = "") -> list[dict[str, Any]]:
                 table = _token_table(perm, P)
                 row: dict[str, Any] = {"kernel": f"small decode nh={nh} B={B} ctx={ctx}",
                                        "flashinfer_us": fi_us, "maxdiff": 0.0}
-                for shape in map(LaunchShape._make,
-                                 WIDE_DECODE_SHAPES if wide else SMALL_DECODE_SHAPES):
+                for shape in (LaunchShape(*t)
+                              for t in (WIDE_DECODE_SHAPES if wide else SMALL_DECODE_SHAPES)):
                     small = SmallBatchDecode(nh, nkv, hd, hd**-0.5, B, table, shape)
                     small.plan(B, list(range(B)), lens)
                     call = small.bind(B)
@@ -228,7 +234,8 @@ def small_decode(rows: str = "") -> list[dict[str, Any]]:
                     ours(caches[0])
                     row["maxdiff"] = max(row["maxdiff"],
                                          float((out.float() - ref.float()).abs().max()))
-                    name = "{}x{}w{}s{}_us".format(*shape)
+                    name = "{}x{}w{}s{}".format(*shape) + (
+                        "p{}l{}".format(*shape[4:]) if shape.spare else "") + "_us"
                     row[name] = _graphed_us(ours, caches)
                 best = min((k for k in row if k.endswith("_us") and k != "flashinfer_us"),
                            key=lambda k: row[k])

@@ -18,8 +18,9 @@ from radixserve.engine.attention import StepLayout
 from radixserve.engine.kvcache.pool import KVCachePool
 
 # "mixed" alternates chunks and decode rows; "served" lays a step out as the scheduler does: its
-# decode rows first, then prompts and chunks
-Kind = Literal["prefill", "chunked", "decode", "mixed", "served"]
+# decode rows first, then prompts and chunks; "long": decode rows, every eighth of 2,100-6,000
+# keys (long prompts decoding beside short ones)
+Kind = Literal["prefill", "chunked", "decode", "mixed", "served", "long"]
 LAYERS, LAYER = 2, 1  # run layer 1 of 2, so a backend that ignores layer_id reads the wrong slice
 
 # backend -> (the modules it can import, what the skip reason calls it)
@@ -62,7 +63,11 @@ def _lengths(kind: Kind, batch: int, page_size: int,
             row = "decode" if i % 2 else "chunked"
         elif kind == "served":
             row = "decode" if i < (batch + 1) // 2 or batch == 1 else ("prefill", "chunked")[i % 2]
-        if row == "prefill":
+        elif kind == "long":
+            row = "decode" if i % 8 else "long"
+        if row == "long":
+            prefix.append(rnd(2100, 6000)), ext.append(1)
+        elif row == "prefill":
             prefix.append(0), ext.append(rnd(1, 160))
         elif row == "decode":
             prefix.append(rnd(0, 300)), ext.append(1)

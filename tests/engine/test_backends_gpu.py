@@ -57,9 +57,11 @@ def test_backend_matches_float64(backend, page_size, kind, batch):
 @pytest.mark.parametrize("backend", BACKENDS[1:3] + [
     pytest.param("flashinfer+small", marks=backend_marks("flashinfer"))])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-# 70 decode rows: rows the small kernel never splits (64 and up); a served step of 70 requests
-# would replay thousands of rows, and its prompts are rows like any other
-@pytest.mark.parametrize(("kind", "batch"), [("decode", 5), ("served", 5), ("decode", 70)])
+# 70 decode rows: a wide graph, whose rows the small kernel does not split up to 2,048 keys, and
+# 40 with long rows, which it splits over its spare programs; a served step of 70 requests would
+# replay thousands of rows, and its prompts are rows like any other
+@pytest.mark.parametrize(("kind", "batch"), [("decode", 5), ("served", 5), ("decode", 70),
+                                             ("long", 40)])
 def test_graph_decode_matches_float64(backend, page_size, kind, batch):
     """The graph path: plan_graph on a padded batch, captured metadata replayed as a CUDA graph;
     "served": a step with prompts and chunks beside its decode rows, every new token a decode row
@@ -73,7 +75,7 @@ def test_graph_decode_matches_float64(backend, page_size, kind, batch):
         pytest.skip(f"flash-attn 2 decodes eagerly at page size {page_size} (the engine knows)")
     case = make_case(kind, batch, page_size, NH, NKV, HD, torch.bfloat16, dev, seed=7)
     layout = dataclasses.replace(case.layout, slot_list=case.slots)
-    if kind != "decode":
+    if kind == "served":
         ext = torch.tensor(layout.extend_lens, device=dev)
         layout = layout.as_decode_rows(torch.repeat_interleave(layout.slots, ext))
     T = len(layout.seq_lens)
