@@ -163,14 +163,16 @@ def _graphed_decode(fi: Any, workspace: torch.Tensor, tensor_cores: bool, opts: 
 
 
 # attention/small_decode.py's launch shapes (keys per tile, programs aimed at, warps, pipeline
-# stages, spare programs, long_tiles); the first of each list is its default for those rows. From
-# 64 rows on every row is one program a KV head whatever the programs aimed at, and rows past
-# long_tiles tiles share out over the spare programs, so the wide graphs sweep those.
+# stages, spare programs, long_tiles, share_tiles); the first of each list is its default for
+# those rows. Past 32 rows every row is one program a KV head whatever the programs aimed at, and
+# rows past long_tiles tiles share out over the spare programs, so the wide graphs sweep those.
 SMALL_DECODE_SHAPES = [(64, 512, 4, 3), (64, 256, 4, 3), (64, 1024, 4, 3), (32, 512, 4, 3),
                        (128, 512, 8, 3), (64, 512, 8, 3)]
-WIDE_DECODE_SHAPES = [(128, 512, 4, 3, 64, 16), (128, 512, 4, 3, 0, 16), (128, 512, 4, 3, 32, 16),
-                      (128, 512, 4, 3, 128, 16), (128, 512, 4, 3, 64, 8), (64, 512, 4, 3, 0, 16),
-                      (64, 512, 4, 3, 64, 32)]
+WIDE_DECODE_SHAPES = [(128, 512, 4, 3, 64, 16, 4), (128, 512, 4, 3, 0),
+                      (128, 512, 4, 3, 64, 16, 16), (128, 512, 4, 3, 64, 16, 2),
+                      (128, 512, 4, 3, 64, 16, 8),
+                      (128, 512, 4, 3, 128, 16, 4), (128, 512, 4, 3, 32, 16, 4),
+                      (64, 512, 4, 3, 64, 32, 8)]
 SMALL_DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -180,9 +182,10 @@ def small_decode(rows: str = "") -> list[dict[str, Any]]:
     (plan as the backend's), both launched with programmatic dependent launch as in a served
     step; device us per call, and the largest difference. Past 32 rows contexts of up to 2,048
     keys (the KV of 256 rows of 2,048 keys is 2 GB), a ragged case: lengths uniform in
-    [100, 2,048], as late in the offline workload, and "long": the ragged rows with 8 of them at
-    16,384 keys, as long prompts decoding beside short ones. rows: comma-separated row counts,
-    all if empty."""
+    [100, 2,048], as late in the offline workload, "long": the ragged rows with 8 of them at
+    16,384 keys, and "one long": rows of 128-384 keys, one of them at 16,384 (a long prompt
+    decoding beside short chats, as in `bench long`). rows: comma-separated row counts, all if
+    empty."""
     import flashinfer
     from radixserve.engine import pdl
     from radixserve.engine.attention.small_decode import LaunchShape, SmallBatchDecode
@@ -196,8 +199,11 @@ def small_decode(rows: str = "") -> list[dict[str, Any]]:
     for nh in (16, 32):
         for B in [int(b) for b in rows.split(",")] if rows else SMALL_DECODE_ROWS:
             wide = B > 32
-            for ctx in ("ragged", "long", 512, 2048) if wide else (128, 512, 2048, 8192):
-                if ctx in ("ragged", "long"):
+            for ctx in (("ragged", "long", "one long", 512, 2048) if wide
+                        else (128, 512, 2048, 8192)):
+                if ctx == "one long":
+                    lens = [16384] + torch.randint(128, 385, (B - 1,), generator=g).tolist()
+                elif ctx in ("ragged", "long"):
                     lens = torch.randint(100, 2049, (B,), generator=g).tolist()
                     if ctx == "long":
                         for i in range(8):
@@ -235,7 +241,7 @@ def small_decode(rows: str = "") -> list[dict[str, Any]]:
                     row["maxdiff"] = max(row["maxdiff"],
                                          float((out.float() - ref.float()).abs().max()))
                     name = "{}x{}w{}s{}".format(*shape) + (
-                        "p{}l{}".format(*shape[4:]) if shape.spare else "") + "_us"
+                        "p{}l{}s{}".format(*shape[4:]) if shape.spare else "") + "_us"
                     row[name] = _graphed_us(ours, caches)
                 best = min((k for k in row if k.endswith("_us") and k != "flashinfer_us"),
                            key=lambda k: row[k])

@@ -53,19 +53,21 @@ class LaunchShape(NamedTuple):
     warps: int = 4
     stages: int = 3  # Triton's software pipelining of the key loop's loads (its default)
     # Listed shares (0: shares decided on the device): programs per KV head past the rows', for
-    # the shares of rows of more than `long_tiles` tiles, as `plan` lists them
+    # the shares of rows of more than `long_tiles` tiles, as `plan` lists them; a share is at
+    # least `share_tiles` tiles
     spare: int = 0
     long_tiles: int = 16
+    share_tiles: int = 4
 
 
 # Graphs of up to 32 rows: the best, or within 1 us of it, of six swept on an H200 at 1-32 rows
 # and 128-8,192 keys. Wider graphs take tiles of 128 keys: with ragged rows, as a served batch has
 # them, fewer and longer loads per program end the long rows sooner (docs/benchmarks.md). Their
 # rows stay whole up to 2,048 keys (16 tiles), as every row of the offline workload: splitting
-# rows past 512 keys cost it 5 %.
+# rows past 512 keys cost it 5 %. Longer rows share out over 64 spare programs per KV head.
 DEFAULT_SHAPE = LaunchShape()
 WIDE_ROWS = 32
-WIDE_SHAPE = LaunchShape(block_n=128, spare=64, long_tiles=16)
+WIDE_SHAPE = LaunchShape(block_n=128, spare=64, long_tiles=16, share_tiles=4)
 MAX_SPLITS = 64
 MERGE_CHUNK = 8  # parts the merging program reads at a time, per head
 
@@ -201,15 +203,17 @@ def splits_for(batch: int, num_kv_heads: int, programs: int) -> int:
 
 def list_shares(seq_lens: list[int], shape: LaunchShape) -> dict[int, tuple[int, int]]:
     """The long rows' shares for a graph of listed shares: {row: (tiles per share, shares)}, for
-    the rows of more than one share. A long row is one of more than `long_tiles` tiles; its
-    shares are `long_tiles` tiles each, doubled until the shares past each row's first fit the
-    `spare` programs."""
-    block_n, per = shape.block_n, shape.long_tiles
-    longest = per * block_n
-    tiles = {i: -(-n // block_n) for i, n in enumerate(seq_lens) if n > longest}
-    while sum(-(-t // per) - 1 for t in tiles.values()) > shape.spare:
-        per *= 2
-    return {i: (per, -(-t // per)) for i, t in tiles.items() if t > per}
+    the rows of more than one share. A long row is one of more than `long_tiles` tiles. The long
+    rows' tiles are shared out evenly over their own programs and the `spare` ones, in shares of
+    at least `share_tiles` tiles: a single long row beside short ones is latency, not bandwidth,
+    and its shares end it sooner the more programs walk it."""
+    tiles = [-(-n // shape.block_n) for n in seq_lens]
+    long = {i: t for i, t in enumerate(tiles) if t > shape.long_tiles}
+    programs = len(long) + shape.spare
+    per = max(shape.share_tiles, -(-sum(long.values()) // max(1, programs)))
+    while sum(-(-t // per) for t in long.values()) > programs:
+        per += 1
+    return {i: (per, -(-t // per)) for i, t in long.items() if t > per}
 
 
 class SmallBatchDecode:
@@ -285,7 +289,7 @@ class SmallBatchDecode:
         """The call that runs one layer for graphs of `batch_size` rows."""
         assert batch_size <= self.max_rows
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        block_n, programs, warps, stages, spare, _ = self.shape_at(batch_size)
+        block_n, programs, warps, stages, spare, _, _ = self.shape_at(batch_size)
         splits = 1 if spare else splits_for(batch_size, nkv, programs)
         group = nh // nkv
         table = self.page_table

@@ -47,13 +47,16 @@ def check(small, table, slots, lens, k_pages, v_pages):
 # (query heads, KV heads, lengths, launch shape): groups of 4, and of 3 (not a power of two); at
 # 8 programs every row is one program a KV head (no split); the wide graphs' tiles with rows
 # short of `long_tiles`, and listed shares at 16-key tiles: rows past 2 tiles are long. 40, 100,
-# 300 and 1,000 keys are 3, 7, 19 and 63 tiles: 1 + 3 + 9 + 31 spare shares of 2 tiles fit 64
-# spares; 8 spares take shares of 16 tiles (300 keys in 2 shares, 1,000 in 4, 3 spares idle).
+# 300 and 1,000 keys are 3, 7, 19 and 63 tiles, 92 on 4 + 64 programs: shares of 2 tiles, the
+# least, on 48 of them; on 4 + 8 programs: shares of 9 (8 would take 13), so 300 keys in 3 shares
+# and 1,000 in 7, 40 and 100 keys whole.
 WIDE = WIDE_SHAPE._replace(programs=8)
-LISTED = WIDE_SHAPE._replace(block_n=16, long_tiles=2)
+LISTED = WIDE_SHAPE._replace(block_n=16, long_tiles=2, share_tiles=2)
 LONG = [5, 40, 100, 300, 1000]
 assert list_shares(LONG, LISTED) == {1: (2, 2), 2: (2, 4), 3: (2, 10), 4: (2, 32)}
-assert list_shares(LONG, LISTED._replace(spare=8)) == {3: (16, 2), 4: (16, 4)}
+assert list_shares(LONG, LISTED._replace(spare=8)) == {3: (9, 3), 4: (9, 7)}
+assert list_shares([5, 1000], LISTED._replace(share_tiles=16)) == {1: (16, 4)}
+assert list_shares([5, 32], LISTED) == {}
 for NH, NKV, lens, shape in (
         (8, 2, [1], DEFAULT_SHAPE), (8, 2, [BLOCK_N, BLOCK_N + 1], DEFAULT_SHAPE),
         (8, 2, [5, 300, 2 * BLOCK_N, 1000], DEFAULT_SHAPE), (6, 2, [5, 1000], DEFAULT_SHAPE),
