@@ -87,10 +87,10 @@ class EngineConfig:
     # steps run the piecewise graphs, or eagerly).
     graph_prefill_keys: int = 16384
     # Decode graphs of up to this many rows run the attention of attention/small_decode.py (Triton,
-    # its KV split decided on the device from each row's length, no plan per step) where the
-    # backend is flashinfer; larger ones FlashInfer's decode kernel. 0: FlashInfer's always. On an
-    # H200 the offline workload ran 5 % faster on Qwen3-0.6B and 21 % on Qwen3-8B at 256 than at 32
-    # (docs/benchmarks.md, "GPU, seventeenth round").
+    # its KV split from each row's length: on the device up to 32 rows, past 2,048 keys from the
+    # graph's plan above) where the backend is flashinfer; larger ones FlashInfer's decode kernel.
+    # 0: FlashInfer's always. On an H200 the offline workload ran 5 % faster on Qwen3-0.6B and
+    # 21 % on Qwen3-8B at 256 than at 32 (docs/benchmarks.md, "GPU, seventeenth round").
     small_decode_rows: int = 256
     # True: the step's Triton kernels (norms, rotary, the small-batch GEMV and decode attention)
     # start while the kernel before them finishes, by programmatic dependent launch, on GPUs that

@@ -14,7 +14,8 @@ they go through the wrapper's plan and run. Which one is logged once. Eager deco
 decode rows of mixed steps are planned by the wrapper and run through `DecodeCall` (the kernel
 call, bound once per plan) where it fits this FlashInfer, else through the wrapper's run.
 Decode graphs of up to `small_decode_rows` rows run small_decode.py's kernel instead, which reads
-the page table in the graph and needs no plan.
+the page table in the graph and needs no plan beyond each row's slot and length (and, in wide
+graphs, the shares of rows past 2,048 keys).
 """
 
 from __future__ import annotations
@@ -235,7 +236,7 @@ class FlashInferBackend(AttentionBackend):
         dev = self.device
         rows = min(small_decode_rows, max_batch)
         if page_table is not None and rows > 0 and SmallBatchDecode.usable(dev, self.head_dim):
-            # graphs up to `rows` rows: no plan, and no KV split that one row cannot fill
+            # graphs up to `rows` rows: no FlashInfer plan, and no KV split that one row cannot fill
             self._small = SmallBatchDecode(self.num_heads, self.num_kv_heads, self.head_dim,
                                            self.scale, rows, page_table)
         self._dummy_page, self._page_size = dummy_page, page_size
