@@ -235,9 +235,9 @@ class SmallBatchDecode:
         self.rows = torch.zeros(5, max_rows, dtype=torch.int64, device=dev)
         self.rows[1].fill_(1)
         shapes = [self.shape_at(b) for b in range(1, max_rows + 1)]
-        self._spare = max(sh.spare for sh in shapes)
         # the spare programs' items: row (-1: none) and share
-        self.work = torch.full((2, max(1, self._spare)), -1, dtype=torch.int64, device=dev)
+        spare = max(sh.spare for sh in shapes)
+        self.work = torch.full((2, max(1, spare)), -1, dtype=torch.int64, device=dev)
         self._listed = False  # some row's shares or the work list may be set
         # a graph of B rows writes parts [0, B * num_heads * splits_for(B)) where the device
         # decides, [0, (B + spare) * num_heads) where the shares are listed
