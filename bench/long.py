@@ -5,7 +5,8 @@
 Without chunking a long prompt is prefilled in one step and every short request waits for it; with
 chunking (--chunk tokens per step, or a list of sizes for the curve of short ITL against long TTFT)
 decode steps keep going between chunks. Reported: inter-token latency of the short requests (p50 /
-p99 / max), long TTFT, wall.
+p99 / max), long TTFT, wall, and what the engine learned by the end of the run: its decode step
+and the prefill cap of steps that decode (`mixed_step_ratio`; 0 where off).
 """
 
 from __future__ import annotations
@@ -43,10 +44,13 @@ def run_one(model_dir: Path, args: argparse.Namespace, chunk: int) -> dict[str, 
         short_ids = [f"r{i}" for i in range(len(shorts))]
         long_ids = [f"r{i}" for i in range(len(shorts), len(shorts) + len(longs))]
         itl = run.itl(short_ids)
+        learned = core.stats()  # what the prefill cap (mixed_step_ratio) ended the run with
         return {"chunked": chunk < args.long_len, "max_prefill_tokens": chunk, "wall_s": run.wall_s,
                 "short_itl_p50_ms": 1e3 * percentile(itl, 50),
                 "short_itl_p99_ms": 1e3 * percentile(itl, 99), "short_itl_max_ms": 1e3 * max(itl),
-                "long_ttft_mean_s": sum(run.ttft(long_ids)) / len(long_ids)}
+                "long_ttft_mean_s": sum(run.ttft(long_ids)) / len(long_ids),
+                "decode_step_ms": learned["decode_step_us"] / 1e3,
+                "prefill_cap": learned["mixed_prefill_cap"]}
     finally:
         release(core)
 
