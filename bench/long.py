@@ -5,8 +5,9 @@
 Without chunking a long prompt is prefilled in one step and every short request waits for it; with
 chunking (--chunk tokens per step, or a list of sizes for the curve of short ITL against long TTFT)
 decode steps keep going between chunks. Reported: inter-token latency of the short requests (p50 /
-p99 / max), long TTFT, wall, and what the engine learned by the end of the run: its decode step
-and the prefill cap of steps that decode (`mixed_step_ratio`; 0 where off).
+p99 / max), long TTFT, wall, and what the engine learned by the end of the run: its decode step,
+the prefill cap of steps that decode (`mixed_step_ratio`; 0 where off) and the chunk of a long
+prompt beside them (`long_prompt_slack`; 0 where its chunks fill the budget).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def run_one(model_dir: Path, args: argparse.Namespace, chunk: int) -> dict[str, 
                 "short_itl_p99_ms": 1e3 * percentile(itl, 99), "short_itl_max_ms": 1e3 * max(itl),
                 "long_ttft_mean_s": sum(run.ttft(long_ids)) / len(long_ids),
                 "decode_step_ms": learned["decode_step_us"] / 1e3,
-                "prefill_cap": learned["mixed_prefill_cap"]}
+                "prefill_cap": learned["mixed_prefill_cap"],
+                "long_chunk": learned["long_prompt_chunk"]}
     finally:
         release(core)
 

@@ -46,6 +46,12 @@ class EngineConfig:
     # usual one. None: GRAPHED_MIXED_STEP_RATIO where piecewise CUDA graphs run such steps, 0
     # elsewhere (an eager step's fixed host cost is better paid once); 0: off.
     mixed_step_ratio: float | None = None
+    # Where mixed_step_ratio is on, a prompt too long for one step, beside decoding streams, is
+    # cut into chunks smaller than the step's budget, as small as keeps its prefill within this
+    # share of the time its largest chunks would take (0.1: its first token up to a tenth later),
+    # so the gaps it makes in every stream are shorter (scheduler/step_cost.py). 0: off, its
+    # chunks fill the budget.
+    long_prompt_slack: float = 0.1
     max_running_requests: int = 64  # request slots
     max_queued_requests: int = 1024
     num_pages: int | None = None  # None: sized from memory (GPU) or a fixed token budget (CPU)
@@ -121,6 +127,9 @@ class EngineConfig:
                                                       or 1 < self.mixed_step_ratio < math.inf):
             raise ValueError("mixed_step_ratio must be 0 (off) or a number above 1, got "
                              f"{self.mixed_step_ratio}")
+        if not 0 <= self.long_prompt_slack < math.inf:
+            raise ValueError("long_prompt_slack must be 0 (off) or more, got "
+                             f"{self.long_prompt_slack}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.num_pages is not None and self.num_pages < 2:

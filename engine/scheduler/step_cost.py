@@ -13,6 +13,17 @@ context lengths); c is the recent marginal cost of prefill in a step that decode
 once the kernels are warm). Each is the median of its last samples, so one step slowed by
 something else (a collection, a stall on the host) does not move the cap.
 
+A long prompt beside decoding streams is a run of such steps, one per chunk. Its chunks could be
+as large as the step's budget B (the fewest steps, each a long gap), or smaller (more, shorter
+gaps). Prefilling L units in chunks of b takes L / b steps of d + c * b each, L * d / b + L * c in
+all, against L * d / B + L * c in chunks of B. Within `slack` (0.1: a tenth longer) of that, the
+smallest chunk is
+
+    b = 1 / ((1 + slack) / B + slack * c / d)
+
+whatever L: the prompt waits a bounded share longer for its first token, and every stream's gap
+shrinks with b. The decode steps between the chunks run anyway; only the long prompt waits.
+
 Measuring a step: with overlap, the engine reads step N's outputs after it launched step N + 1,
 so the device ran N between the moment N - 1's outputs were read (or N was scheduled, if later:
 the engine was idle) and the moment N's are. A step the host made late counts at its length as
@@ -74,3 +85,11 @@ class StepCost:
         if self._decode_s is None or self._per_unit_s is None:
             return None
         return max(1.0, (ratio - 1) * self._decode_s / self._per_unit_s)
+
+    def chunk_within_slack(self, largest: float, slack: float) -> float | None:
+        """The smallest chunk of a long prompt beside decodes that keeps its prefill within
+        `slack` of the time it takes in chunks of `largest` units (module docstring); None until
+        both costs are known."""
+        if self._decode_s is None or self._per_unit_s is None:
+            return None
+        return 1 / ((1 + slack) / largest + slack * self._per_unit_s / self._decode_s)

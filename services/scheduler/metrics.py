@@ -55,6 +55,12 @@ class EngineStatsCollector(Collector):
             "Prefill budget of a step that decodes, by mixed_step_ratio (0: off or not learned)",
             s.get("mixed_prefill_cap", 0),
         )
+        yield GaugeMetricFamily(
+            "radixserve_long_prompt_chunk",
+            "Chunk of a prompt longer than a step, beside decodes, by long_prompt_slack "
+            "(0: its chunks fill max_prefill_tokens)",
+            s.get("long_prompt_chunk", 0),
+        )
         yield CounterMetricFamily(
             "radixserve_retractions",
             "Running requests sent back to the queue under KV pressure (outputs unchanged)",

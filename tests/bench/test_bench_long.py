@@ -26,5 +26,6 @@ def test_each_chunk_size_reports_short_itl_long_ttft_and_what_the_engine_learned
         # least 32 tokens and slower than a plain decode step, which timing on a busy machine
         # may not give, so only its form is checked
         assert isinstance(r["prefill_cap"], int) and r["prefill_cap"] >= 0
+        assert isinstance(r["long_chunk"], int) and 0 <= r["long_chunk"] < r["max_prefill_tokens"]
         if ratio == 0:
-            assert r["prefill_cap"] == 0
+            assert r["prefill_cap"] == r["long_chunk"] == 0

@@ -82,12 +82,29 @@ def test_the_cap_follows_the_decode_step():
     assert cost.prefill_within(1.5) == pytest.approx(500)
 
 
-class FixedCap(StepCost):
-    """A cost model that has learned `cap` tokens at any ratio and learns nothing more."""
+def test_a_long_prompt_chunk_keeps_its_prefill_within_the_slack():
+    """Chunks of b units beside decodes take L / b steps of d + c * b: the chunk is the smallest
+    whose total stays within the slack of the total in chunks of the step's budget."""
+    d, c, budget, L = 10 * MS, 0.02 * MS, 2048, 65536
+    cost = _taught(d, c)
+    total = lambda b: L / b * (d + c * b)
+    for slack in (0.05, 0.1, 0.5):
+        chunk = cost.chunk_within_slack(budget, slack)
+        assert chunk < budget
+        assert total(chunk) == pytest.approx((1 + slack) * total(budget))
+        assert total(0.98 * chunk) > (1 + slack) * total(budget)  # the smallest such chunk
+    # a larger prefill cost makes the decode steps a smaller share, so the chunk may be smaller
+    assert _taught(d, 2 * c).chunk_within_slack(budget, 0.1) < cost.chunk_within_slack(budget, 0.1)
+    assert StepCost().chunk_within_slack(budget, 0.1) is None
 
-    def __init__(self, cap: float) -> None:
+
+class FixedCap(StepCost):
+    """A cost model that has learned `cap` tokens at any ratio (and a long prompt's chunk of
+    `chunk`, None: not learned) and learns nothing more."""
+
+    def __init__(self, cap: float, chunk: float | None = None) -> None:
         super().__init__()
-        self.cap = cap
+        self.cap, self.chunk = cap, chunk
         self.seen: list[tuple[int, float, float]] = []
 
     def observe(self, decode_rows: int, prefill: float, seconds: float) -> None:
@@ -96,20 +113,27 @@ class FixedCap(StepCost):
     def prefill_within(self, ratio: float) -> float | None:
         return self.cap
 
+    def chunk_within_slack(self, largest: float, slack: float) -> float | None:
+        return self.chunk
+
 
 def _prompt(i: int, n: int = 40) -> list[int]:
     return [(i * 31 + j * 7) % 500 + 3 for j in range(n)]
 
 
-def _run(core, late: int) -> tuple[list[int], dict[str, list[int]]]:
-    """"first" alone, then `late` arrivals of 40 tokens once it decodes: the prompt tokens of
-    each step that also decodes, and every request's output ids."""
+def _run(core, late: int = 0, lengths: tuple[int, ...] = (),
+         waiting: list[int] | None = None) -> tuple[list[int], dict[str, list[int]]]:
+    """"first" alone, then `late` arrivals of 40 tokens (or arrivals of `lengths` tokens) once
+    it decodes: the prompt tokens of each step that also decodes, and every request's output
+    ids. `waiting` gets how many requests each of those steps left waiting."""
     mixed, schedule = [], core.scheduler.schedule
 
     def spy():
         batch = schedule()
         if batch is not None and batch.decode_rows and batch.prefill_cost:
             mixed.append(int(batch.prefill_cost))
+            if waiting is not None:
+                waiting.append(len(core.scheduler.waiting))
         return batch
 
     core.scheduler.schedule = spy
@@ -117,8 +141,8 @@ def _run(core, late: int) -> tuple[list[int], dict[str, list[int]]]:
     core.add_request("first", _prompt(0), GREEDY)
     for out in core.step():
         outputs.setdefault(out.rid, []).extend(out.token_ids)
-    for i in range(late):
-        core.add_request(f"late{i}", _prompt(i + 1), GREEDY)
+    for i, n in enumerate(lengths or (40,) * late):
+        core.add_request(f"late{i}", _prompt(i + 1, n), GREEDY)
     while core.has_work():
         for out in core.step():
             outputs.setdefault(out.rid, []).extend(out.token_ids)
@@ -151,6 +175,51 @@ def test_a_backlog_gets_steps_that_clear_it_within_the_horizon(path, make_llm):
     assert _run(plain, late=6)[1] == outputs
 
 
+def _capped(make_llm, path, chunk: float | None, slack: float = 0.1):
+    core = make_llm(path, max_prefill_tokens=64, page_size=4, max_running_requests=8,
+                    mixed_step_ratio=1.5, long_prompt_slack=slack).core
+    core.scheduler.step_cost = FixedCap(8, chunk)
+    return core
+
+
+def test_a_long_prompt_beside_decodes_is_cut_to_its_chunk(path, make_llm):
+    """A 96-token prompt would take steps of up to max_prefill_tokens (the backlog rule above):
+    beside a decoding stream it comes in chunks of `long_prompt_chunk` instead, until what is
+    left fits the capped steps of the horizon. The outputs are those of an engine that does not
+    cut."""
+    core = _capped(make_llm, path, chunk=16)
+    assert core.stats()["long_prompt_chunk"] == 16
+    mixed, outputs = _run(core, lengths=(96,))
+    assert mixed == [16, 16] + [8] * 8  # 64 left: 64 - 7 * 8 = 8 now, then 7 steps of the cap
+    whole = _capped(make_llm, path, chunk=16, slack=0)  # off: the budget, as before
+    assert whole.stats()["long_prompt_chunk"] == 0
+    mixed_whole, outputs_whole = _run(whole, lengths=(96,))
+    assert max(mixed_whole) > 16 and sum(mixed_whole) == 96
+    assert outputs_whole == outputs and len(outputs["late0"]) == GREEDY.max_new_tokens
+
+
+def test_long_prompts_share_one_chunk_and_short_ones_pass_beside_them(path, make_llm):
+    """Two long prompts at once: the first is prefilled before the second starts, one chunk a
+    step between them. A short prompt behind a long one enters whole in the same step."""
+    waiting: list[int] = []
+    mixed, outputs = _run(_capped(make_llm, path, chunk=16), lengths=(96, 96), waiting=waiting)
+    assert mixed == [16] * 8 + [8] * 8  # the first prompt in 6 steps, the second from the 7th
+    assert waiting == [1] * 6 + [0] * 10  # the second takes no slot until its turn
+    assert len(outputs["late1"]) == GREEDY.max_new_tokens
+    mixed, _ = _run(_capped(make_llm, path, chunk=16), lengths=(96, 8))
+    assert mixed == [16 + 8, 16] + [8] * 8
+    # not learned yet: chunks as the budget allows
+    mixed, _ = _run(_capped(make_llm, path, chunk=None), lengths=(96,))
+    assert max(mixed) > 16 and sum(mixed) == 96
+
+
+def test_a_chunk_is_never_below_the_cap(path, make_llm):
+    core = _capped(make_llm, path, chunk=4)
+    assert core.stats()["long_prompt_chunk"] == 8
+    assert _run(core, lengths=(96,))[0] == [8] * 11  # "first" ends its 12 tokens: one step alone
+    assert _run(_capped(make_llm, path, chunk=4, slack=0), lengths=(96,))[0] == [40] + [8] * 7
+
+
 def test_the_engine_reports_each_step_to_the_cost_model(path, make_llm):
     core = make_llm(path, max_prefill_tokens=64, page_size=4, max_running_requests=8,
                     mixed_step_ratio=1.5).core
@@ -169,6 +238,12 @@ def test_the_ratio_defaults_on_where_piecewise_graphs_run_prefill(path, make_llm
     pieces = make_llm(path, max_running_requests=4, piecewise_graph_max_tokens=64).core
     assert pieces.config.mixed_step_ratio == GRAPHED_MIXED_STEP_RATIO > 1
     assert make_llm(path, mixed_step_ratio=2.5).core.config.mixed_step_ratio == 2.5
+
+
+@pytest.mark.parametrize("slack", [-0.1, float("inf"), float("nan")])
+def test_a_slack_must_be_zero_or_more(slack):
+    with pytest.raises(ValueError, match="long_prompt_slack"):
+        EngineConfig(model_path="m", long_prompt_slack=slack)
 
 
 @pytest.mark.parametrize("ratio", [1.0, 0.5, -1.0, float("inf"), float("nan")])
