@@ -312,8 +312,7 @@ class EngineCore:
     def stats(self) -> dict[str, int]:
         sizes = self.cache.sizes()
         cost, ratio = self.scheduler.step_cost, self.config.mixed_step_ratio
-        budget = self.config.max_prefill_tokens
-        long_chunk = self.scheduler.long_prompt_chunk(budget)
+        long_chunk = self.scheduler.long_prompt_chunk()
         return {
             "running_requests": len(self.scheduler.running),
             "waiting_requests": len(self.scheduler.waiting),
@@ -331,7 +330,7 @@ class EngineCore:
             "mixed_prefill_cap": int(cost.prefill_within(ratio) or 0) if ratio else 0,
             # the chunk of a prompt longer than a step beside decodes (long_prompt_slack); 0: its
             # chunks fill max_prefill_tokens
-            "long_prompt_chunk": int(long_chunk) if long_chunk < budget else 0,
+            "long_prompt_chunk": int(long_chunk) if long_chunk < self.scheduler.mixed_budget else 0,
             # host time ModelRunner spent filling structured-output token masks, and its steps
             "grammar_mask_us_total": int(self.runner.grammar_mask_s * 1e6),
             "grammar_mask_steps_total": self.runner.grammar_mask_steps,

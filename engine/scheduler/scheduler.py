@@ -128,11 +128,11 @@ class Scheduler:
         decodes, prefilling = self._make_room_for_decodes()
         self._add_decodes(decodes, batch)
         budget = full = self._prefill_budget(decodes, prefilling)
-        # Prompts longer than `long_chunk` share `long_left` of the budget (long_prompt_chunk).
-        long_chunk = long_left = self.long_prompt_chunk(full) if decodes else math.inf
+        # Prompts too long for one step share `long_left` of the budget (long_prompt_chunk).
+        long_left = self.long_prompt_chunk() if decodes else math.inf
         for req in prefilling:  # a chunked prompt continues before anyone new is admitted
             if budget > 0 and req.status is ReqStatus.RUNNING:  # not retracted by an earlier chunk
-                taken, long_left = self._next_chunk(req, batch, budget, long_chunk, long_left)
+                taken, long_left = self._next_chunk(req, batch, budget, long_left)
                 budget -= taken
         admit = self.waiting and not self._retracted_this_step and self._admission_due(budget)
         # The running requests' reservations, summed once per step (a sum over every running
@@ -141,13 +141,13 @@ class Scheduler:
         reserved: int | None = None
         while admit and budget > 0 and self.waiting and self.table.num_free_slots > 0:
             req = self._next_waiting()
-            if req is None or (long_left <= 0 and self._waits_long(req, long_chunk)):
+            if req is None or (long_left <= 0 and self._waits_long(req)):
                 break
             if reserved is None or self._retracted_this_step:
                 reserved = self.reserved_pages()
             if not self._admit(req, reserved):
                 break
-            taken, long_left = self._next_chunk(req, batch, budget, long_chunk, long_left)
+            taken, long_left = self._next_chunk(req, batch, budget, long_left)
             budget -= taken
             reserved += self._pages_still_needed((req,))
         batch.decode_rows, batch.prefill_cost = len(decodes), full - budget
@@ -171,37 +171,44 @@ class Scheduler:
         backlog = self._prefill_backlog(prefilling, later + budget)
         return min(budget, max(cap, backlog - later))
 
-    def long_prompt_chunk(self, budget: float) -> float:
-        """The chunk of a long prompt in a step that decodes: the smallest that keeps its prefill
-        within `long_prompt_slack` of the time it would take in chunks of the step's `budget`
-        (step_cost.py), and no smaller than the `mixed_step_ratio` cap. The prompts longer than it
-        share that much of the step, so the gap they make in every decoding stream shrinks for a
-        bounded delay of their first token. inf (chunks as large as the budget) where the slack or
-        the ratio is off, or the costs are not yet learned."""
+    def long_prompt_chunk(self) -> float:
+        """The chunk of a prompt too long for one step (`mixed_budget`) in a step that decodes:
+        the smallest that keeps its prefill within `long_prompt_slack` of the time it would take
+        in chunks of a whole step's budget (step_cost.py), and no smaller than the
+        `mixed_step_ratio` cap. Such prompts share that much of a step, so the gap they make in
+        every decoding stream shrinks for a bounded delay of their first token; prompts that fit
+        one step are left whole, so a burst of them enters as fast as before. inf (chunks as
+        large as the budget) where the slack or the ratio is off, or the costs are not learned."""
         c = self.config
         if not c.long_prompt_slack or not c.mixed_step_ratio:
             return math.inf
-        chunk = self.step_cost.chunk_within_slack(budget, c.long_prompt_slack)
+        chunk = self.step_cost.chunk_within_slack(self.mixed_budget, c.long_prompt_slack)
         if chunk is None:
             return math.inf
         return max(chunk, self.step_cost.prefill_within(c.mixed_step_ratio) or 0.0)
 
-    def _next_chunk(self, req: Req, batch: Batch, budget: float, long_chunk: float,
+    @property
+    def mixed_budget(self) -> float:
+        """The most prefill a step that decodes may take."""
+        c = self.config
+        return min(c.max_prefill_tokens, c.mixed_prefill_tokens or math.inf)
+
+    def _next_chunk(self, req: Req, batch: Batch, budget: float,
                     long_left: float) -> tuple[float, float]:
         """Add `req`'s next chunk within `budget`, and within `long_left` where its prefill (what
-        the cache did not hold) is more than `long_chunk`: the budget it takes, and what long
+        the cache did not hold) is too long for one step: the budget it takes, and what long
         prompts have left."""
-        if self.budget.cost(req.matched_len, req.fill_len) <= long_chunk:
+        if self.budget.cost(req.matched_len, req.fill_len) <= self.mixed_budget:
             return self._prefill_chunk(req, batch, budget), long_left
         if long_left <= 0:
             return 0.0, long_left
         taken = self._prefill_chunk(req, batch, min(budget, long_left))
         return taken, long_left - taken
 
-    def _waits_long(self, req: Req, long_chunk: float) -> bool:
-        """Whether waiting `req`'s prefill is longer than `long_chunk` (its prompt, and the
-        outputs of a retracted request; what the cache holds is not known before admission)."""
-        return self.budget.cost(0, req.prompt_len + len(req.output_ids)) > long_chunk
+    def _waits_long(self, req: Req) -> bool:
+        """Whether waiting `req`'s prefill is too long for one step (its prompt, and the outputs
+        of a retracted request; what the cache holds is not known before admission)."""
+        return self.budget.cost(0, req.prompt_len + len(req.output_ids)) > self.mixed_budget
 
     def _prefill_backlog(self, prefilling: list[Req], enough: float) -> float:
         """The prefill budget that the running prompts' rest and the waiting requests the free

@@ -21,11 +21,13 @@ def path(tmp_path_factory):
     return checkpoint("qwen3", tmp_path_factory)
 
 
-def _taught(decode_s: float, per_unit_s: float) -> StepCost:
+def _taught(decode_s: float, per_unit_s: float, fixed_s: float = 0.0,
+            sizes: tuple[int, ...] = tuple(100 + 10 * i for i in range(WINDOW))) -> StepCost:
     cost = StepCost()
     for i in range(WINDOW):
         cost.observe(64, 0, decode_s)
-        cost.observe(64, 100 + 10 * i, decode_s + (100 + 10 * i) * per_unit_s)
+        p = sizes[i % len(sizes)]
+        cost.observe(64, p, decode_s + fixed_s + p * per_unit_s)
     return cost
 
 
@@ -36,6 +38,29 @@ def test_the_cap_keeps_a_mixed_step_within_the_ratio():
     # (1.5 - 1) * 10 ms / 0.02 ms a token = 250 tokens, which make a step of 15 ms
     assert cost.prefill_within(1.5) == pytest.approx(250)
     assert cost.prefill_within(3.0) == pytest.approx(1000)
+
+
+def test_a_fixed_cost_of_mixed_steps_is_told_from_the_cost_a_unit():
+    """A step with prefill runs other kernels than a decode step: a fixed cost on top of one per
+    token. Fitted as one per token, small prefills would make a token look dear and the chunks of
+    a long prompt far smaller than its slack allows."""
+    cost = _taught(10 * MS, 0.02 * MS, fixed_s=2 * MS, sizes=(40, 100, 400, 1000, 160))
+    assert cost.per_unit_s == pytest.approx(0.02 * MS)
+    assert cost.fixed_s == pytest.approx(2 * MS)
+    assert cost.prefill_within(1.5) == pytest.approx((5 - 2) / 0.02)  # 150 tokens: a 15-ms step
+    assert cost.expected_s(64, 150) == pytest.approx(15 * MS)
+    # one slow step among them moves neither
+    cost.observe(64, 100, 90 * MS)
+    assert cost.per_unit_s == pytest.approx(0.02 * MS) and cost.fixed_s == pytest.approx(2 * MS)
+
+
+def test_prefills_of_one_size_fit_a_cost_a_unit():
+    """Without prefills of different sizes the two costs cannot be told apart: what a step took
+    beyond the decode step counts per unit, which is exact at that size."""
+    cost = _taught(10 * MS, 0.02 * MS, fixed_s=2 * MS, sizes=(150, 180, 120))
+    assert cost.fixed_s == 0
+    assert cost.per_unit_s == pytest.approx((2 + 0.02 * 150) / 150 * MS)
+    assert cost.expected_s(64, 150) == pytest.approx(15 * MS)
 
 
 def test_nothing_is_capped_until_both_costs_are_seen():
@@ -85,9 +110,9 @@ def test_the_cap_follows_the_decode_step():
 def test_a_long_prompt_chunk_keeps_its_prefill_within_the_slack():
     """Chunks of b units beside decodes take L / b steps of d + c * b: the chunk is the smallest
     whose total stays within the slack of the total in chunks of the step's budget."""
-    d, c, budget, L = 10 * MS, 0.02 * MS, 2048, 65536
-    cost = _taught(d, c)
-    total = lambda b: L / b * (d + c * b)
+    d, f, c, budget, L = 10 * MS, 2 * MS, 0.02 * MS, 2048, 65536
+    cost = _taught(d, c, fixed_s=f, sizes=(40, 100, 400, 1000, 160))
+    total = lambda b: L / b * (d + f + c * b)
     for slack in (0.05, 0.1, 0.5):
         chunk = cost.chunk_within_slack(budget, slack)
         assert chunk < budget
@@ -200,14 +225,15 @@ def test_a_long_prompt_beside_decodes_is_cut_to_its_chunk(path, make_llm):
 
 def test_long_prompts_share_one_chunk_and_short_ones_pass_beside_them(path, make_llm):
     """Two long prompts at once: the first is prefilled before the second starts, one chunk a
-    step between them. A short prompt behind a long one enters whole in the same step."""
+    step between them. A prompt that fits one step enters whole beside a long one's chunk, though
+    it is longer than the chunk."""
     waiting: list[int] = []
     mixed, outputs = _run(_capped(make_llm, path, chunk=16), lengths=(96, 96), waiting=waiting)
     assert mixed == [16] * 8 + [8] * 8  # the first prompt in 6 steps, the second from the 7th
     assert waiting == [1] * 6 + [0] * 10  # the second takes no slot until its turn
     assert len(outputs["late1"]) == GREEDY.max_new_tokens
-    mixed, _ = _run(_capped(make_llm, path, chunk=16), lengths=(96, 8))
-    assert mixed == [16 + 8, 16] + [8] * 8
+    mixed, _ = _run(_capped(make_llm, path, chunk=16), lengths=(96, 40))
+    assert mixed == [16 + 40, 16] + [8] * 8
     # not learned yet: chunks as the budget allows
     mixed, _ = _run(_capped(make_llm, path, chunk=None), lengths=(96,))
     assert max(mixed) > 16 and sum(mixed) == 96
