@@ -42,25 +42,22 @@ def test_the_cap_keeps_a_mixed_step_within_the_ratio():
 
 def test_a_fixed_cost_of_mixed_steps_is_told_from_the_cost_a_unit():
     """A step with prefill runs other kernels than a decode step: a fixed cost on top of one per
-    token. Fitted as one per token, small prefills would make a token look dear and the chunks of
-    a long prompt far smaller than its slack allows."""
+    unit. The line through the samples tells them apart; counted per unit alone, small prefills
+    make a unit look dear and large ones cheap."""
     cost = _taught(10 * MS, 0.02 * MS, fixed_s=2 * MS, sizes=(40, 100, 400, 1000, 160))
-    assert cost.per_unit_s == pytest.approx(0.02 * MS)
-    assert cost.fixed_s == pytest.approx(2 * MS)
-    assert cost.prefill_within(1.5) == pytest.approx((5 - 2) / 0.02)  # 150 tokens: a 15-ms step
-    assert cost.expected_s(64, 150) == pytest.approx(15 * MS)
-    # one slow step among them moves neither
-    cost.observe(64, 100, 90 * MS)
-    assert cost.per_unit_s == pytest.approx(0.02 * MS) and cost.fixed_s == pytest.approx(2 * MS)
+    assert cost.line == pytest.approx((2 * MS, 0.02 * MS))
+    cost.observe(64, 100, 90 * MS)  # one slow step among them moves neither
+    assert cost.line == pytest.approx((2 * MS, 0.02 * MS))
 
 
-def test_prefills_of_one_size_fit_a_cost_a_unit():
+def test_prefills_of_one_size_give_the_line_of_the_cost_a_unit():
     """Without prefills of different sizes the two costs cannot be told apart: what a step took
     beyond the decode step counts per unit, which is exact at that size."""
     cost = _taught(10 * MS, 0.02 * MS, fixed_s=2 * MS, sizes=(150, 180, 120))
-    assert cost.fixed_s == 0
     assert cost.per_unit_s == pytest.approx((2 + 0.02 * 150) / 150 * MS)
+    assert cost.line == (0, cost.per_unit_s)
     assert cost.expected_s(64, 150) == pytest.approx(15 * MS)
+    assert StepCost().line == (0, 0)
 
 
 def test_nothing_is_capped_until_both_costs_are_seen():
