@@ -202,8 +202,24 @@ class Scheduler:
             return self._prefill_chunk(req, batch, budget), long_left
         if long_left <= 0:
             return 0.0, long_left
+        long_left = max(long_left, self._catch_up(req))
         taken = self._prefill_chunk(req, batch, min(budget, long_left))
         return taken, long_left - taken
+
+    def _catch_up(self, req: Req) -> float:
+        """The chunk that still prefills long `req` by when it is due: (1 + long_prompt_slack)
+        times its prefill in whole-budget chunks, from when it was queued. It waited behind
+        other long prompts, or they keep coming faster than the smaller chunks clear them,
+        where this is larger than `long_prompt_chunk`."""
+        cost, rest = self.step_cost, self.budget.cost(req.cached_len, req.fill_len)
+        now = time.monotonic()
+        if req.prefill_due is None:
+            alone = cost.prefill_s(self.budget.cost(req.matched_len, req.fill_len),
+                                   self.mixed_budget)
+            if alone is None:
+                return 0.0
+            req.prefill_due = req.queued_at + (1 + self.config.long_prompt_slack) * alone
+        return cost.chunk_to_finish(rest, req.prefill_due - now)
 
     def _waits_long(self, req: Req) -> bool:
         """Whether waiting `req`'s prefill is too long for one step (its prompt, and the outputs

@@ -4,6 +4,8 @@ waiting needs larger steps to enter within MIXED_HORIZON_STEPS."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from radixserve.engine import SamplingParams
 from radixserve.engine.config import GRAPHED_MIXED_STEP_RATIO, EngineConfig
@@ -118,6 +120,10 @@ def test_a_long_prompt_chunk_keeps_its_prefill_within_the_slack():
     # a larger prefill cost makes the decode steps a smaller share, so the chunk may be smaller
     assert _taught(d, 2 * c).chunk_within_slack(budget, 0.1) < cost.chunk_within_slack(budget, 0.1)
     assert StepCost().chunk_within_slack(budget, 0.1) is None
+    # the chunk that finishes within a time is the one that takes that time
+    assert cost.chunk_to_finish(L, cost.prefill_s(L, 500)) == pytest.approx(500)
+    assert cost.chunk_to_finish(L, L * c + 0.5 * (d + f)) == math.inf  # not one step left
+    assert StepCost().prefill_s(L, 500) is None and StepCost().chunk_to_finish(L, 1) == math.inf
 
 
 class FixedCap(StepCost):
@@ -143,11 +149,12 @@ def _prompt(i: int, n: int = 40) -> list[int]:
     return [(i * 31 + j * 7) % 500 + 3 for j in range(n)]
 
 
-def _run(core, late: int = 0, lengths: tuple[int, ...] = (),
-         waiting: list[int] | None = None) -> tuple[list[int], dict[str, list[int]]]:
+def _run(core, late: int = 0, lengths: tuple[int, ...] = (), waiting: list[int] | None = None,
+         queued_s_ago: float = 0.0) -> tuple[list[int], dict[str, list[int]]]:
     """"first" alone, then `late` arrivals of 40 tokens (or arrivals of `lengths` tokens) once
-    it decodes: the prompt tokens of each step that also decodes, and every request's output
-    ids. `waiting` gets how many requests each of those steps left waiting."""
+    it decodes, queued `queued_s_ago` seconds ago: the prompt tokens of each step that also
+    decodes, and every request's output ids. `waiting` gets how many requests each of those steps
+    left waiting."""
     mixed, schedule = [], core.scheduler.schedule
 
     def spy():
@@ -165,6 +172,7 @@ def _run(core, late: int = 0, lengths: tuple[int, ...] = (),
         outputs.setdefault(out.rid, []).extend(out.token_ids)
     for i, n in enumerate(lengths or (40,) * late):
         core.add_request(f"late{i}", _prompt(i + 1, n), GREEDY)
+        core.scheduler.waiting[-1].queued_at -= queued_s_ago
     while core.has_work():
         for out in core.step():
             outputs.setdefault(out.rid, []).extend(out.token_ids)
@@ -234,6 +242,35 @@ def test_long_prompts_share_one_chunk_and_short_ones_pass_beside_them(path, make
     # not learned yet: chunks as the budget allows
     mixed, _ = _run(_capped(make_llm, path, chunk=None), lengths=(96,))
     assert max(mixed) > 16 and sum(mixed) == 96
+
+
+class FixedLine(FixedCap):
+    """A cost model whose decode step (1 s) and line (no fixed cost, SLOPE_S a token) give a long
+    prompt a chunk of 16.5 tokens within a slack of 0.3 of whole 64-token steps: the real
+    formulas, with the cap at 8."""
+
+    SLOPE_S = (1 / 16.5 - 1.3 / 64) / 0.3
+
+    def __init__(self) -> None:
+        super().__init__(8)
+        self._decode_s, self._per_unit_s, self._slope_s = 1.0, self.SLOPE_S, self.SLOPE_S
+
+    chunk_within_slack = StepCost.chunk_within_slack
+
+
+def test_a_long_prompt_behind_its_time_takes_larger_chunks(path, make_llm):
+    """The slack bounds a prompt's first token from when it was queued: one that waited (behind
+    other long prompts, say) gets the chunks that still bring it in by then, up to the whole
+    step's budget. On time, its chunks are the slack's."""
+    core = _capped(make_llm, path, chunk=None, slack=0.3)
+    core.scheduler.step_cost = FixedLine()
+    assert core.stats()["long_prompt_chunk"] == 16
+    assert _run(core, lengths=(96,))[0] == [16, 16] + [8] * 8
+    # due 1.3 x 96 x (1 / 64 + SLOPE_S) = 18.7 s after it was queued; its 96 tokens' own cost
+    # is 12.9 s, so 6 s late leaves less than one step of 1 s: the step's whole budget
+    core = _capped(make_llm, path, chunk=None, slack=0.3)
+    core.scheduler.step_cost = FixedLine()
+    assert _run(core, lengths=(96,), queued_s_ago=6.0)[0] == [40] + [8] * 7
 
 
 def test_a_chunk_is_never_below_the_cap(path, make_llm):
