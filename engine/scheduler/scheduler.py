@@ -198,7 +198,8 @@ class Scheduler:
         """Add `req`'s next chunk within `budget`, and within `long_left` where its prefill (what
         the cache did not hold) is too long for one step: the budget it takes, and what long
         prompts have left."""
-        if self.budget.cost(req.matched_len, req.fill_len) <= self.mixed_budget:
+        if long_left == math.inf or self.budget.cost(req.matched_len,
+                                                     req.fill_len) <= self.mixed_budget:
             return self._prefill_chunk(req, batch, budget), long_left
         if long_left <= 0:
             return 0.0, long_left
