@@ -129,7 +129,8 @@ class Scheduler:
         self._add_decodes(decodes, batch)
         budget = full = self._prefill_budget(decodes, prefilling)
         # Prompts too long for one step share `long_left` of the budget (long_prompt_chunk).
-        long_left = self.long_prompt_chunk() if decodes else math.inf
+        long_left = self.long_prompt_chunk() if decodes and (prefilling or self.waiting) \
+            else math.inf
         for req in prefilling:  # a chunked prompt continues before anyone new is admitted
             if budget > 0 and req.status is ReqStatus.RUNNING:  # not retracted by an earlier chunk
                 taken, long_left = self._next_chunk(req, batch, budget, long_left)
@@ -198,34 +199,39 @@ class Scheduler:
         """Add `req`'s next chunk within `budget`, and within `long_left` where its prefill (what
         the cache did not hold) is too long for one step: the budget it takes, and what long
         prompts have left."""
-        if long_left == math.inf or self.budget.cost(req.matched_len,
-                                                     req.fill_len) <= self.mixed_budget:
+        if long_left == math.inf:
+            return self._prefill_chunk(req, batch, budget), long_left
+        prefill = self.budget.cost(req.matched_len, req.fill_len)
+        if prefill <= self.mixed_budget:
             return self._prefill_chunk(req, batch, budget), long_left
         if long_left <= 0:
             return 0.0, long_left
-        long_left = max(long_left, self._catch_up(req))
+        long_left = max(long_left, self._catch_up(req, prefill))
         taken = self._prefill_chunk(req, batch, min(budget, long_left))
         return taken, long_left - taken
 
-    def _catch_up(self, req: Req) -> float:
-        """The chunk that still prefills long `req` by when it is due: (1 + long_prompt_slack)
-        times its prefill in whole-budget chunks, from when it was queued. It waited behind
-        other long prompts, or they keep coming faster than the smaller chunks clear them,
-        where this is larger than `long_prompt_chunk`."""
-        cost, rest = self.step_cost, self.budget.cost(req.cached_len, req.fill_len)
-        now = time.monotonic()
+    def _catch_up(self, req: Req, prefill: float) -> float:
+        """The chunk that still prefills long `req` (`prefill` units in all) by when it is due:
+        (1 + long_prompt_slack) times its prefill in whole-budget chunks, from when it was
+        queued. It waited behind other long prompts, or they keep coming faster than the smaller
+        chunks clear them, where this is larger than `long_prompt_chunk`."""
+        cost = self.step_cost
         if req.prefill_due is None:
-            alone = cost.prefill_s(self.budget.cost(req.matched_len, req.fill_len),
-                                   self.mixed_budget)
+            alone = cost.prefill_s(prefill, self.mixed_budget)
             if alone is None:
                 return 0.0
             req.prefill_due = req.queued_at + (1 + self.config.long_prompt_slack) * alone
-        return cost.chunk_to_finish(rest, req.prefill_due - now)
+        rest = self.budget.cost(req.cached_len, req.fill_len)
+        return cost.chunk_to_finish(rest, req.prefill_due - time.monotonic())
+
+    def _waiting_prefill(self, req: Req) -> float:
+        """The budget waiting `req` would spend on prefill: its prompt, and the outputs of a
+        retracted request (what the cache holds is not known before admission)."""
+        return self.budget.cost(0, req.prompt_len + len(req.output_ids))
 
     def _waits_long(self, req: Req) -> bool:
-        """Whether waiting `req`'s prefill is too long for one step (its prompt, and the outputs
-        of a retracted request; what the cache holds is not known before admission)."""
-        return self.budget.cost(0, req.prompt_len + len(req.output_ids)) > self.mixed_budget
+        """Whether waiting `req`'s prefill is too long for one step."""
+        return self._waiting_prefill(req) > self.mixed_budget
 
     def _prefill_backlog(self, prefilling: list[Req], enough: float) -> float:
         """The prefill budget that the running prompts' rest and the waiting requests the free
@@ -236,7 +242,7 @@ class Scheduler:
         for r in itertools.islice(self.waiting, self.table.num_free_slots):
             if total >= enough:
                 break
-            total += cost(0, r.prompt_len + len(r.output_ids))
+            total += self._waiting_prefill(r)
         return total
 
     def _admission_due(self, budget: float) -> bool:

@@ -126,26 +126,29 @@ class StepCost:
             return None
         return max(1.0, (ratio - 1) * self._decode_s / self._per_unit_s)
 
+    def _chunk_step_s(self) -> float | None:
+        """d + f: what a step that decodes beside a chunk takes besides the chunk's units; None
+        until both costs are known."""
+        if self._decode_s is None or self._per_unit_s is None:
+            return None
+        return self._decode_s + self._fixed_s
+
     def chunk_within_slack(self, largest: float, slack: float) -> float | None:
         """The smallest chunk of a long prompt beside decodes that keeps its prefill within
         `slack` of the time it takes in chunks of `largest` units (module docstring); None until
         both costs are known."""
-        if self._decode_s is None or self._per_unit_s is None:
-            return None
-        step = self._decode_s + self._fixed_s
-        return 1 / ((1 + slack) / largest + slack * self._slope_s / step)
+        step = self._chunk_step_s()
+        return None if step is None else 1 / ((1 + slack) / largest + slack * self._slope_s / step)
 
     def prefill_s(self, units: float, chunk: float) -> float | None:
         """Seconds to prefill `units` in chunks of `chunk` beside decodes, by the line; None until
         both costs are known."""
-        if self._decode_s is None or self._per_unit_s is None:
-            return None
-        return units * ((self._decode_s + self._fixed_s) / chunk + self._slope_s)
+        step = self._chunk_step_s()
+        return None if step is None else units * (step / chunk + self._slope_s)
 
     def chunk_to_finish(self, units: float, seconds: float) -> float:
         """The chunk that prefills `units` beside decodes within `seconds`, by the line: inf where
         not even one step is left (or the costs are not known)."""
-        if self._decode_s is None or self._per_unit_s is None:
-            return math.inf
-        steps = (seconds - units * self._slope_s) / (self._decode_s + self._fixed_s)
+        step = self._chunk_step_s()
+        steps = 0.0 if step is None else (seconds - units * self._slope_s) / step
         return units / steps if steps >= 1 else math.inf
