@@ -337,8 +337,10 @@ class EngineCore:
         }
 
     def check_integrity(self) -> None:
-        """Pool invariant: when idle, free + evictable + protected pages == total, no slot held."""
+        """Pool invariant: when idle, free + evictable + protected pages == total, no slot held;
+        the scheduler's counts match its queues."""
         self.cache.check_integrity()
+        self.scheduler.waiting.check_integrity()
         if self.has_work():
             return
         s = self.stats()

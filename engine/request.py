@@ -58,9 +58,6 @@ class Req:
     # Structured output: the request's place in its grammar, advanced by each token the host learns.
     grammar: GrammarMatcher | None = None
     queued_at: float = 0.0  # time.monotonic() when it was queued (Scheduler.add)
-    # A prompt too long for one step, beside decodes: when its prefill is due under
-    # long_prompt_slack (time.monotonic(); None until it is first chunked that way).
-    prefill_due: float | None = None
     prompt_array: np.ndarray = field(init=False, repr=False)
     # Read several times per request and step, so resolved once: prompt and params never change.
     prompt_len: int = field(init=False)

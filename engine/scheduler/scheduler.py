@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections import deque
 from typing import Iterable, NamedTuple
 
 from radixserve.engine.config import EngineConfig
@@ -31,6 +30,7 @@ from radixserve.engine.scheduler.admission import OutputEstimate
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.prefill_budget import PrefillBudget
 from radixserve.engine.scheduler.step_cost import StepCost
+from radixserve.engine.scheduler.waiting import WaitingQueue
 
 LPM_WINDOW = 128  # waiting requests scored per step under the longest-prefix-match policy
 # Under `mixed_step_ratio`, the prefill waiting (the running prompts' rest and the prompts the free
@@ -58,7 +58,7 @@ class Scheduler:
         self.budget = budget or PrefillBudget()
         self.page_size = config.page_size
         self.table, self.allocator, self.cache = table, allocator, cache
-        self.waiting: deque[Req] = deque()
+        self.waiting = WaitingQueue(self._waits_long)
         self.running: list[Req] = []  # in admission order: the tail is retracted first
         self.estimate = OutputEstimate(config.admission)
         self.step_cost = StepCost()  # fed by the engine with each step's length
@@ -128,8 +128,8 @@ class Scheduler:
         decodes, prefilling = self._make_room_for_decodes()
         self._add_decodes(decodes, batch)
         budget = full = self._prefill_budget(decodes, prefilling)
-        # Prompts too long for one step share `long_left` of the budget (long_prompt_chunk).
-        long_left = self.long_prompt_chunk() if decodes and (prefilling or self.waiting) \
+        # Prompts too long for one step share `long_left` of the budget (_long_share).
+        long_left = self._long_share(prefilling) if decodes and (prefilling or self.waiting) \
             else math.inf
         for req in prefilling:  # a chunked prompt continues before anyone new is admitted
             if budget > 0 and req.status is ReqStatus.RUNNING:  # not retracted by an earlier chunk
@@ -199,30 +199,29 @@ class Scheduler:
         """Add `req`'s next chunk within `budget`, and within `long_left` where its prefill (what
         the cache did not hold) is too long for one step: the budget it takes, and what long
         prompts have left."""
-        if long_left == math.inf:
-            return self._prefill_chunk(req, batch, budget), long_left
-        prefill = self.budget.cost(req.matched_len, req.fill_len)
-        if prefill <= self.mixed_budget:
+        if long_left == math.inf or not self._prefills_long(req):
             return self._prefill_chunk(req, batch, budget), long_left
         if long_left <= 0:
             return 0.0, long_left
-        long_left = max(long_left, self._catch_up(req, prefill))
         taken = self._prefill_chunk(req, batch, min(budget, long_left))
         return taken, long_left - taken
 
-    def _catch_up(self, req: Req, prefill: float) -> float:
-        """The chunk that still prefills long `req` (`prefill` units in all) by when it is due:
-        (1 + long_prompt_slack) times its prefill in whole-budget chunks, from when it was
-        queued. It waited behind other long prompts, or they keep coming faster than the smaller
-        chunks clear them, where this is larger than `long_prompt_chunk`."""
-        cost = self.step_cost
-        if req.prefill_due is None:
-            alone = cost.prefill_s(prefill, self.mixed_budget)
-            if alone is None:
-                return 0.0
-            req.prefill_due = req.queued_at + (1 + self.config.long_prompt_slack) * alone
-        rest = self.budget.cost(req.cached_len, req.fill_len)
-        return cost.chunk_to_finish(rest, req.prefill_due - time.monotonic())
+    def _long_share(self, prefilling: list[Req]) -> float:
+        """What long prompts may prefill in this step: one `long_prompt_chunk` for each that is
+        prefilling or waiting, taken first come first served. One long prompt alone keeps its
+        slack; a queue of them drains faster as it grows (arrivals faster than one chunk a step
+        clears them, or a burst) and widens the decoding streams' gap with it, up to the whole
+        budget. At least one chunk, so a long prompt always moves."""
+        chunk = self.long_prompt_chunk()
+        if chunk == math.inf:
+            return chunk
+        pending = self.waiting.long + sum(map(self._prefills_long, prefilling))
+        return chunk * max(1, pending)
+
+    def _prefills_long(self, req: Req) -> bool:
+        """Whether running `req`'s prefill (what the cache did not hold) is too long for one
+        step."""
+        return self.budget.cost(req.matched_len, req.fill_len) > self.mixed_budget
 
     def _waiting_prefill(self, req: Req) -> float:
         """The budget waiting `req` would spend on prefill: its prompt, and the outputs of a

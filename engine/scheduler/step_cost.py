@@ -32,9 +32,9 @@ L * (d + f) / b + L * c' in all, against L * (d + f) / B + L * c' in chunks of B
 
 whatever L: the prompt waits a bounded share longer for its first token, and every stream's gap
 shrinks with b. The decode steps between the chunks run anyway; only the long prompt waits.
-That bound is a prompt's own: one that waited behind another long prompt, or arrived while long
-prompts come faster than chunks of b clear them, needs larger chunks to keep it, and gets them
-(`chunk_to_finish`, by the time left until it is due).
+That bound is a prompt's own: where several long prompts are pending, the scheduler gives the
+step one chunk for each (`Scheduler._long_share`), so a queue of them cannot outgrow what the
+steps clear.
 
 Measuring a step: with overlap, the engine reads step N's outputs after it launched step N + 1,
 so the device ran N between the moment N - 1's outputs were read (or N was scheduled, if later:
@@ -44,7 +44,6 @@ the streams saw it, which is what the cap bounds.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from statistics import median
 
@@ -139,16 +138,3 @@ class StepCost:
         both costs are known."""
         step = self._chunk_step_s()
         return None if step is None else 1 / ((1 + slack) / largest + slack * self._slope_s / step)
-
-    def prefill_s(self, units: float, chunk: float) -> float | None:
-        """Seconds to prefill `units` in chunks of `chunk` beside decodes, by the line; None until
-        both costs are known."""
-        step = self._chunk_step_s()
-        return None if step is None else units * (step / chunk + self._slope_s)
-
-    def chunk_to_finish(self, units: float, seconds: float) -> float:
-        """The chunk that prefills `units` beside decodes within `seconds`, by the line: inf where
-        not even one step is left (or the costs are not known)."""
-        step = self._chunk_step_s()
-        steps = 0.0 if step is None else (seconds - units * self._slope_s) / step
-        return units / steps if steps >= 1 else math.inf

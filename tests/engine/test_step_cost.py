@@ -4,8 +4,6 @@ waiting needs larger steps to enter within MIXED_HORIZON_STEPS."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from radixserve.engine import SamplingParams
 from radixserve.engine.config import GRAPHED_MIXED_STEP_RATIO, EngineConfig
@@ -120,10 +118,6 @@ def test_a_long_prompt_chunk_keeps_its_prefill_within_the_slack():
     # a larger prefill cost makes the decode steps a smaller share, so the chunk may be smaller
     assert _taught(d, 2 * c).chunk_within_slack(budget, 0.1) < cost.chunk_within_slack(budget, 0.1)
     assert StepCost().chunk_within_slack(budget, 0.1) is None
-    # the chunk that finishes within a time is the one that takes that time
-    assert cost.chunk_to_finish(L, cost.prefill_s(L, 500)) == pytest.approx(500)
-    assert cost.chunk_to_finish(L, L * c + 0.5 * (d + f)) == math.inf  # not one step left
-    assert StepCost().prefill_s(L, 500) is None and StepCost().chunk_to_finish(L, 1) == math.inf
 
 
 class FixedCap(StepCost):
@@ -149,11 +143,11 @@ def _prompt(i: int, n: int = 40) -> list[int]:
     return [(i * 31 + j * 7) % 500 + 3 for j in range(n)]
 
 
-def _run(core, late: int = 0, lengths: tuple[int, ...] = (), waiting: list[int] | None = None,
-         queued_s_ago: float = 0.0) -> tuple[list[int], dict[str, list[int]]]:
+def _run(core, late: int = 0, lengths: tuple[int, ...] = (),
+         waiting: list[int] | None = None) -> tuple[list[int], dict[str, list[int]]]:
     """"first" alone, then `late` arrivals of 40 tokens (or arrivals of `lengths` tokens) once
-    it decodes, queued `queued_s_ago` seconds ago: the prompt tokens of each step that also
-    decodes, and every request's output ids. `waiting` gets how many requests each of those steps
+    it decodes: the prompt tokens of each step that also decodes, and every request's output
+    ids. `waiting` gets how many requests each of those steps
     left waiting."""
     mixed, schedule = [], core.scheduler.schedule
 
@@ -172,7 +166,6 @@ def _run(core, late: int = 0, lengths: tuple[int, ...] = (), waiting: list[int] 
         outputs.setdefault(out.rid, []).extend(out.token_ids)
     for i, n in enumerate(lengths or (40,) * late):
         core.add_request(f"late{i}", _prompt(i + 1, n), GREEDY)
-        core.scheduler.waiting[-1].queued_at -= queued_s_ago
     while core.has_work():
         for out in core.step():
             outputs.setdefault(out.rid, []).extend(out.token_ids)
@@ -228,15 +221,22 @@ def test_a_long_prompt_beside_decodes_is_cut_to_its_chunk(path, make_llm):
     assert outputs_whole == outputs and len(outputs["late0"]) == GREEDY.max_new_tokens
 
 
-def test_long_prompts_share_one_chunk_and_short_ones_pass_beside_them(path, make_llm):
-    """Two long prompts at once: the first is prefilled before the second starts, one chunk a
-    step between them. A prompt that fits one step enters whole beside a long one's chunk, though
-    it is longer than the chunk."""
+def test_each_long_prompt_pending_adds_a_chunk_and_short_ones_pass_beside_them(path, make_llm):
+    """Long prompts at once are prefilled one after another, first come first served, and each
+    one pending (prefilling or waiting) adds a chunk to the step: a queue of them drains faster
+    as it grows, and the last alone gets the slack's chunk. A prompt that fits one step enters
+    whole beside a long one's chunk, though it is longer than the chunk."""
     waiting: list[int] = []
     mixed, outputs = _run(_capped(make_llm, path, chunk=16), lengths=(96, 96), waiting=waiting)
-    assert mixed == [16] * 8 + [8] * 8  # the first prompt in 6 steps, the second from the 7th
-    assert waiting == [1] * 6 + [0] * 10  # the second takes no slot until its turn
+    assert mixed == [32] * 3 + [16] * 2 + [8] * 8  # the first in 3 steps, the second from the 4th
+    assert waiting == [1] * 3 + [0] * 10  # the second takes no slot until its turn
     assert len(outputs["late1"]) == GREEDY.max_new_tokens
+    waiting = []
+    mixed, _ = _run(_capped(make_llm, path, chunk=16), lengths=(96,) * 3, waiting=waiting)
+    assert mixed == [48] * 2 + [32] * 3 + [16] * 2 + [8] * 8
+    assert waiting == [2] * 2 + [1] * 3 + [0] * 10
+    # four pending chunks exceed the step's budget (64): the budget
+    assert _run(_capped(make_llm, path, chunk=20), lengths=(96,) * 4)[0][:2] == [64, 32 + 32]
     mixed, _ = _run(_capped(make_llm, path, chunk=16), lengths=(96, 40))
     assert mixed == [16 + 40, 16] + [8] * 8
     # not learned yet: chunks as the budget allows
@@ -258,19 +258,11 @@ class FixedLine(FixedCap):
     chunk_within_slack = StepCost.chunk_within_slack
 
 
-def test_a_long_prompt_behind_its_time_takes_larger_chunks(path, make_llm):
-    """The slack bounds a prompt's first token from when it was queued: one that waited (behind
-    other long prompts, say) gets the chunks that still bring it in by then, up to the whole
-    step's budget. On time, its chunks are the slack's."""
+def test_the_scheduler_cuts_by_the_slack_formula(path, make_llm):
     core = _capped(make_llm, path, chunk=None, slack=0.3)
     core.scheduler.step_cost = FixedLine()
     assert core.stats()["long_prompt_chunk"] == 16
     assert _run(core, lengths=(96,))[0] == [16, 16] + [8] * 8
-    # due 1.3 x 96 x (1 / 64 + SLOPE_S) = 18.7 s after it was queued; its 96 tokens' own cost
-    # is 12.9 s, so 6 s late leaves less than one step of 1 s: the step's whole budget
-    core = _capped(make_llm, path, chunk=None, slack=0.3)
-    core.scheduler.step_cost = FixedLine()
-    assert _run(core, lengths=(96,), queued_s_ago=6.0)[0] == [40] + [8] * 7
 
 
 def test_a_chunk_is_never_below_the_cap(path, make_llm):
