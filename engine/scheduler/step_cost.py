@@ -21,8 +21,12 @@ and graphs than a decode step's), which c spreads over the units of the sizes me
 would make small chunks look cheap and large ones dear. So f and c' (the cost of one more unit)
 are also fitted, as a robust line (Theil-Sen) through the same samples: c' is the median slope
 over the pairs of samples whose prefills differ at least twofold, f the median of what c' leaves
-of each sample (at least 0). Where the prefills were all of about one size there is no such pair,
-and the line is c's (f = 0, c' = c).
+of each sample (at least 0). Where the recent prefills are all of about one size there is no
+such pair: c' stays the last one fitted and f is refitted under it, as c' is the model's and the
+GPU's while f moves with what else a step runs. Before any pair the line is c's (f = 0, c' = c).
+A line that fell back to c whenever the window held one size would swing: a long prompt's chunks
+are one size, c counts f in each unit and makes the chunk small, and the small chunks' pairs make
+it large again.
 
 Prefilling L units in chunks of b takes L / b steps of d + f + c' * b each,
 L * (d + f) / b + L * c' in all, against L * (d + f) / B + L * c' in chunks of B. Within `slack`
@@ -63,6 +67,7 @@ class StepCost:
         self._decode_s: float | None = None  # medians and the line, updated as samples come
         self._per_unit_s: float | None = None  # c
         self._fixed_s, self._slope_s = 0.0, 0.0  # f, c'
+        self._fitted_slope: float | None = None  # c' from the last samples of spread sizes
 
     def observe(self, decode_rows: int, prefill: float, seconds: float) -> None:
         """Learn from one step: `decode_rows` running requests decoded, `prefill` units of
@@ -84,13 +89,16 @@ class StepCost:
         """The line f + c' * prefill through the mixed samples (module docstring)."""
         if self._per_unit_s is None:
             return
-        self._fixed_s, self._slope_s = 0.0, self._per_unit_s
         by_size = sorted(self._mixed)
         slopes = [(e2 - e1) / (p2 - p1) for i, (p1, e1) in enumerate(by_size)
                   for p2, e2 in by_size[i + 1:] if p2 >= SLOPE_SPREAD * p1]
         if slopes and (slope := median(slopes)) > 0:
-            self._slope_s = slope
-            self._fixed_s = max(0.0, median(e - slope * p for p, e in self._mixed))
+            self._fitted_slope = slope
+        if self._fitted_slope is None:
+            self._fixed_s, self._slope_s = 0.0, self._per_unit_s
+            return
+        self._slope_s = self._fitted_slope
+        self._fixed_s = max(0.0, median(e - self._slope_s * p for p, e in self._mixed))
 
     @property
     def decode_s(self) -> float | None:

@@ -60,6 +60,21 @@ def test_prefills_of_one_size_give_the_line_of_the_cost_a_unit():
     assert StepCost().line == (0, 0)
 
 
+def test_a_fitted_line_outlives_a_window_of_one_size():
+    """A long prompt's chunks are all of one size: the slope fitted before them stays, and the
+    fixed cost follows what the steps take now. Falling back to the cost a unit there would make
+    the chunk swing."""
+    cost = _taught(10 * MS, 0.02 * MS, fixed_s=2 * MS, sizes=(40, 100, 400, 1000, 160))
+    chunk = cost.chunk_within_slack(2048, 0.3)
+    for _ in range(WINDOW):
+        cost.observe(64, 800, 10 * MS + 2 * MS + 800 * 0.02 * MS)
+    assert cost.line == pytest.approx((2 * MS, 0.02 * MS))
+    assert cost.chunk_within_slack(2048, 0.3) == pytest.approx(chunk)
+    for _ in range(WINDOW):
+        cost.observe(64, 800, 10 * MS + 3 * MS + 800 * 0.02 * MS)
+    assert cost.line == pytest.approx((3 * MS, 0.02 * MS))
+
+
 def test_nothing_is_capped_until_both_costs_are_seen():
     cost = StepCost()
     assert cost.prefill_within(1.5) is None
