@@ -7,7 +7,8 @@ chunking (--chunk tokens per step, or a list of sizes for the curve of short ITL
 decode steps keep going between chunks. Reported: inter-token latency of the short requests (p50 /
 p99 / max), long TTFT, wall, and what the engine learned by the end of the run: its decode step,
 the prefill cap of steps that decode (`mixed_step_ratio`; 0 where off) and the chunk of a long
-prompt beside them (`long_prompt_slack`; 0 where its chunks fill the budget).
+prompt beside them (`long_prompt_slack`; 0 where its chunks fill the budget), with the least and
+the most that chunk was over the run's steps once learned (a model that swings shows there).
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ def run_one(model_dir: Path, args: argparse.Namespace, chunk: int) -> dict[str, 
                       attention_backend=args.attention_backend)
     try:
         drive(core, shorts[:2], prefix="w")  # warm-up
-        run = drive(core, shorts + longs, arrivals)
+        chunks: list[float] = []  # the long-prompt chunk after each step, once learned
+
+        def sample() -> None:
+            if (c := core.scheduler.long_prompt_chunk()) < core.scheduler.mixed_budget:
+                chunks.append(c)
+
+        run = drive(core, shorts + longs, arrivals, on_step=sample)
         short_ids = [f"r{i}" for i in range(len(shorts))]
         long_ids = [f"r{i}" for i in range(len(shorts), len(shorts) + len(longs))]
         itl = run.itl(short_ids)
@@ -52,7 +59,9 @@ def run_one(model_dir: Path, args: argparse.Namespace, chunk: int) -> dict[str, 
                 "long_ttft_mean_s": sum(run.ttft(long_ids)) / len(long_ids),
                 "decode_step_ms": learned["decode_step_us"] / 1e3,
                 "prefill_cap": learned["mixed_prefill_cap"],
-                "long_chunk": learned["long_prompt_chunk"]}
+                "long_chunk": learned["long_prompt_chunk"],
+                "long_chunk_min": int(min(chunks, default=0)),
+                "long_chunk_max": int(max(chunks, default=0))}
     finally:
         release(core)
 

@@ -27,5 +27,8 @@ def test_each_chunk_size_reports_short_itl_long_ttft_and_what_the_engine_learned
         # may not give, so only its form is checked
         assert isinstance(r["prefill_cap"], int) and r["prefill_cap"] >= 0
         assert isinstance(r["long_chunk"], int) and 0 <= r["long_chunk"] < r["max_prefill_tokens"]
+        assert r["long_chunk_min"] <= r["long_chunk_max"] < r["max_prefill_tokens"]
+        if r["long_chunk"]:  # the last step's chunk lies within the run's range
+            assert r["long_chunk_min"] <= r["long_chunk"] <= r["long_chunk_max"]
         if ratio == 0:
-            assert r["prefill_cap"] == r["long_chunk"] == 0
+            assert r["prefill_cap"] == r["long_chunk"] == r["long_chunk_max"] == 0
