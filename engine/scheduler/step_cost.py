@@ -133,16 +133,11 @@ class StepCost:
             return None
         return max(1.0, (ratio - 1) * self._decode_s / self._per_unit_s)
 
-    def _chunk_step_s(self) -> float | None:
-        """d + f: what a step that decodes beside a chunk takes besides the chunk's units; None
-        until both costs are known."""
-        if self._decode_s is None or self._per_unit_s is None:
-            return None
-        return self._decode_s + self._fixed_s
-
     def chunk_within_slack(self, largest: float, slack: float) -> float | None:
         """The smallest chunk of a long prompt beside decodes that keeps its prefill within
         `slack` of the time it takes in chunks of `largest` units (module docstring); None until
         both costs are known."""
-        step = self._chunk_step_s()
-        return None if step is None else 1 / ((1 + slack) / largest + slack * self._slope_s / step)
+        if self._decode_s is None or self._per_unit_s is None:
+            return None
+        step = self._decode_s + self._fixed_s  # d + f
+        return 1 / ((1 + slack) / largest + slack * self._slope_s / step)

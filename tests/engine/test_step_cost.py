@@ -162,8 +162,7 @@ def _run(core, late: int = 0, lengths: tuple[int, ...] = (),
          waiting: list[int] | None = None) -> tuple[list[int], dict[str, list[int]]]:
     """"first" alone, then `late` arrivals of 40 tokens (or arrivals of `lengths` tokens) once
     it decodes: the prompt tokens of each step that also decodes, and every request's output
-    ids. `waiting` gets how many requests each of those steps
-    left waiting."""
+    ids. `waiting` gets how many requests each of those steps left waiting."""
     mixed, schedule = [], core.scheduler.schedule
 
     def spy():
