@@ -284,6 +284,76 @@ def profile_prefill(core: EngineCore, tokens: int, runs: int = 3,
     return rows, kernels
 
 
+class _Launches:
+    """Every step the runner launches, for the duration of a `with` block; on CUDA also events on
+    the runner's stream before and after each launch. The device reaches a step's first event when
+    it has finished the step before and the host has launched this one, so the gaps between one
+    step's end and the next one's start are host time left exposed: with overlap on, near 0."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.runner = core.runner
+        self.batches: list[Any] = []
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def _launch(self, batch: Any) -> Any:
+        stream = self.runner.stream
+        if stream is None:
+            self.batches.append(batch)
+            return type(self.runner).forward(self.runner, batch)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        out = type(self.runner).forward(self.runner, batch)
+        end.record(stream)
+        self.batches.append(batch)
+        self.events.append((start, end))
+        return out
+
+    def __enter__(self) -> _Launches:
+        self.runner.forward = self._launch
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.runner.forward
+
+    def device_seconds(self) -> tuple[float, float] | None:
+        """(device time from each step's start to its end, idle time between steps), summed;
+        None off CUDA."""
+        if not self.events:
+            return None
+        torch.cuda.synchronize()
+        busy = sum(s.elapsed_time(e) for s, e in self.events)
+        idle = sum(e.elapsed_time(s) for (_, e), (s, _) in zip(self.events, self.events[1:]))
+        return busy / 1e3, idle / 1e3
+
+
+Step = tuple[float, int, str, int, int]  # seconds, index, kind, rows, tokens
+
+
+def _run_offline(core: EngineCore, launches: _Launches) -> tuple[
+        float, dict[str, list[float]], dict[str, list[int]], list[Step]]:
+    """Step until the workload is done: (wall seconds, step seconds and rows by kind, every step
+    launched as (seconds, index, kind, rows, tokens)). With overlap a call returns once the step
+    before the one it launched is done, so a step's time is mostly the device time of the step
+    before it."""
+    kinds: dict[str, list[float]] = defaultdict(list)
+    rows: dict[str, list[int]] = defaultdict(list)
+    steps: list[Step] = []
+    start = time.perf_counter()
+    while core.has_work():
+        t0 = time.perf_counter()
+        core.step()
+        if len(launches.batches) == len(steps):
+            continue  # nothing launched
+        batch = launches.batches[-1]
+        tokens = sum(s - p for s, p in zip(batch.seq_lens, batch.prefix_lens))
+        kind = "decode" if tokens == len(batch.reqs) else "prefill+mixed"
+        seconds = time.perf_counter() - t0
+        kinds[kind].append(seconds)
+        rows[kind].append(len(batch.reqs))
+        steps.append((seconds, len(steps), kind, len(batch.reqs), tokens))
+    return time.perf_counter() - start, kinds, rows, steps
+
+
 def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
     """The offline workload (docs/benchmarks.md, "Workloads"), steps grouped by kind: where its
     wall time goes."""
@@ -295,26 +365,13 @@ def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
         core.step()
     for i, (ids, params) in enumerate(offline_requests(core.model_info.vocab_size)):
         core.add_request(f"o{i}", ids, params)
-    kinds: dict[str, list[float]] = defaultdict(list)
-    rows: dict[str, list[int]] = defaultdict(list)
-    steps: list[tuple[float, int, str, int, int]] = []  # seconds, index, kind, rows, tokens
-    start = time.perf_counter()
-    while core.has_work():
-        t0 = time.perf_counter()
-        core.step()
-        # nothing launched (with overlap on, the launched step waits there)
-        if core._in_flight is None:
-            continue
-        batch = core._in_flight[0]
-        tokens = sum(s - p for s, p in zip(batch.seq_lens, batch.prefix_lens))
-        kind = "decode" if tokens == len(batch.reqs) else "prefill+mixed"
-        seconds = time.perf_counter() - t0
-        kinds[kind].append(seconds)
-        rows[kind].append(len(batch.reqs))
-        steps.append((seconds, len(steps), kind, len(batch.reqs), tokens))
-    wall = time.perf_counter() - start
-    # With overlap a call returns once the step before the one it launched is done, so a step's
-    # time here is mostly the device time of the step before it: the slowest calls, in context.
+    with _Launches(core) as launches:
+        wall, kinds, rows, steps = _run_offline(core, launches)
+    device = launches.device_seconds()
+    timeline_rows = [] if device is None else [
+        {"kind": kind, "steps": len(steps), "total_s": s, "share": s / wall,
+         "median_ms": float("nan"), "mean_rows": float("nan")}
+        for kind, s in zip(("device: within steps", "device: idle between steps"), device)]
     print_table("the offline workload's slowest steps (the step launched; the one before it)",
                 [{"step": i, "ms": 1e3 * t, "kind": k, "rows": r, "tokens": n,
                   "before": f"{steps[i - 1][2]} {steps[i - 1][3]}/{steps[i - 1][4]}" if i else ""}
@@ -332,7 +389,7 @@ def profile_offline(core: EngineCore) -> list[dict[str, Any]]:
                         "mean_rows": float("nan")})
     out.append({"kind": "all", "steps": sum(len(v) for v in kinds.values()), "total_s": wall,
                 "share": 1.0, "median_ms": float("nan"), "mean_rows": float("nan")})
-    return out
+    return out + timeline_rows
 
 
 def main(argv: list[str] | None = None) -> None:

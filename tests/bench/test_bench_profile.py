@@ -9,7 +9,7 @@ import math
 import statistics
 
 from radixserve.bench import profile
-from radixserve.bench.driver import build_core
+from radixserve.bench.driver import build_core, greedy_params
 from radixserve.bench.models import write_model_dir
 
 
@@ -81,3 +81,25 @@ def test_profile_mixed_steps_each_carry_one_new_prompt(tmp_path):
     assert tokens_per_step[-6:] == [3 + 24] * 6
     assert not core.has_work()
     core.check_integrity()
+
+
+def test_offline_profile_counts_every_launched_step_with_overlap_on_and_off(tmp_path):
+    """The offline profile groups the steps it launched by kind. With overlap off no step stays in
+    flight after a call, so the count must come from the launches themselves."""
+    counts = []
+    for overlap in (True, False):
+        core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu",
+                          max_running_requests=4, page_size=1, max_prefill_tokens=256,
+                          overlap=overlap)
+        for i, n in enumerate((5, 9, 17)):
+            core.add_request(f"r{i}", list(range(1, n + 1)), greedy_params(6))
+        with profile._Launches(core) as launches:
+            wall, kinds, rows, steps = profile._run_offline(core, launches)
+        assert "forward" not in vars(core.runner)  # the wrapper is gone after the block
+        assert launches.device_seconds() is None  # no device timeline off CUDA
+        assert wall > 0 and len(steps) == len(launches.batches)
+        assert kinds["prefill+mixed"] and kinds["decode"]
+        assert sum(len(v) for v in kinds.values()) == len(steps)
+        core.check_integrity()
+        counts.append(len(steps))
+    assert counts[0] == counts[1]  # the same steps, whether or not they overlap
