@@ -9,11 +9,13 @@ and a client that falls behind delays its own cancels; with --processes P, P - 1
 hold and read the streams that stay, and this one holds only those it cancels. For each
 it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
 `radixserve_engine_steps_total`) until the running count drops by one: the time from the cancel to
-that snapshot, and the engine steps run between. The scheduler publishes the snapshot as soon as it
-has freed aborted requests (within the step in progress), so the figures are the client ->
-gateway -> scheduler path plus the wait for the engine loop to drain it, plus up to one HTTP poll
-(every 2 ms). Of that, the client's own lag (from the bench's cancel to the call's loop making it)
-is shown apart.
+that snapshot, and the engine steps run between the cancel and the free. The scheduler publishes
+the snapshot as soon as it has freed aborted requests (within the step in progress), so the
+milliseconds are the client -> gateway -> scheduler path plus the wait for the engine loop to
+drain it, plus up to one HTTP poll (every 2 ms). The steps are counted to the free itself
+(`radixserve_engine_steps_at_last_free`): a step that ran between the free and the poll that saw
+it is not counted. Of the milliseconds, the client's own lag (from the bench's cancel to the
+call's loop making it) is shown apart.
 With --launch, serve gets --max-running-requests and --metrics-port.
 """
 
@@ -39,11 +41,13 @@ from radixserve.v1 import generate_pb2_grpc as pb_grpc
 T = TypeVar("T")
 
 
-def scrape(url: str) -> tuple[int, int]:
-    """(running requests, engine steps) from the scheduler's metrics."""
+def scrape(url: str) -> tuple[int, int, int]:
+    """(running requests, engine steps, engine steps when an abort last freed a request) from
+    the scheduler's metrics."""
     reading = Reading.take([url])
     return (int(reading.total("radixserve_running_requests")),
-            int(reading.total(ENGINE_STEPS)))
+            int(reading.total(ENGINE_STEPS)),
+            int(reading.total("radixserve_engine_steps_at_last_free")))
 
 
 class _Streams:
@@ -201,12 +205,12 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
         doomed = random.Random(seed).sample(streams.calls, cancels)
         began, first_step = time.monotonic(), scrape(metrics_url)[1]
         for call in doomed:
-            before, _ = scrape(metrics_url)
+            before, _, _ = scrape(metrics_url)
             t0 = time.monotonic()
-            _, step0 = scrape(metrics_url)
+            _, step0, _ = scrape(metrics_url)
             made = streams.cancel(call)
             while True:
-                now_running, step = scrape(metrics_url)
+                now_running, _, step = scrape(metrics_url)
                 if now_running < before:
                     break
                 time.sleep(0.002)  # polls take the scheduler's GIL: do not starve its engine

@@ -110,6 +110,9 @@ class EngineLoop:
         self._beat: float | None = None  # when the loop last finished an iteration; None: not ready
         # engine steps run; in the stats as engine_steps_total (abort latency bench)
         self._steps = 0
+        # engine steps run when an abort last freed a request: the abort bench counts the steps
+        # between a cancel and its free from this, not from a later snapshot that a poll reads
+        self._steps_at_free = 0
         self._fired = False
 
     def start(self) -> None:
@@ -219,11 +222,13 @@ class EngineLoop:
             self._sink.on_acks(Acks(owner, [], rejected))
         it.accepted, it.rejected = {}, {}
         if len(it.aborted) > freed:
+            self._steps_at_free = self._steps
             self._publish_stats(engine)
 
     def _publish_stats(self, engine: EngineLike) -> None:
         """Replace the snapshot other threads read (queue_full, metrics) with the engine's now."""
-        self.stats = {**engine.stats(), "engine_steps_total": self._steps}
+        self.stats = {**engine.stats(), "engine_steps_total": self._steps,
+                      "engine_steps_at_last_free": self._steps_at_free}
 
     def _drain(self, block: bool, timeout_s: float | None = None) -> list[Command]:
         """Every queued command; with `block`, first wait up to `timeout_s` (idle_poll_s when

@@ -46,6 +46,11 @@ class EngineStatsCollector(Collector):
             s.get("engine_steps_total", 0),
         )
         yield GaugeMetricFamily(
+            "radixserve_engine_steps_at_last_free",
+            "Engine steps run when an abort last freed a request (what bench abort counts from)",
+            s.get("engine_steps_at_last_free", 0),
+        )
+        yield GaugeMetricFamily(
             "radixserve_decode_step_seconds",
             "The engine's recent decode step, as it measures its steps (0: none seen yet)",
             s.get("decode_step_us", 0) / 1e6,

@@ -240,5 +240,11 @@ def test_loop_abort_frees_before_the_next_step_and_shows_it() -> None:
         assert lp.stats["engine_steps_total"] - steps <= 1
         assert engine.abort_steps["a"] - steps <= 1
         assert time.monotonic() - t0 < 2.0  # one 0.2 s step, with room for a loaded machine
+        # The step count at the free stays with the free while later steps run (a poll that comes
+        # a step late still counts the steps to the free).
+        freed_at = lp.stats["engine_steps_at_last_free"]
+        assert steps <= freed_at <= steps + 1
+        wait_for(lambda: lp.stats["engine_steps_total"] >= freed_at + 2)
+        assert lp.stats["engine_steps_at_last_free"] == freed_at
     finally:
         lp.stop(1.0)
