@@ -9,7 +9,8 @@ and a client that falls behind delays its own cancels; with --processes P, P - 1
 hold and read the streams that stay, and this one holds only those it cancels. For each
 it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
 `radixserve_engine_steps_total`) until the running count drops by one: the time from the cancel to
-that snapshot, and the engine steps run between the cancel and the free. The scheduler publishes
+that snapshot, and the engine steps run between the cancel and the free (the client's loop reads
+the step count right before it cancels, so its own lag is not counted). The scheduler publishes
 the snapshot as soon as it has freed aborted requests (within the step in progress), so the
 milliseconds are the client -> gateway -> scheduler path plus the wait for the engine loop to
 drain it, plus up to one HTTP poll (every 2 ms). The steps are counted to the free itself
@@ -29,7 +30,7 @@ import multiprocessing
 import random
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -103,13 +104,16 @@ class _Streams:
         except grpc.aio.AioRpcError as e:
             self.failures.append(f"{e.code().name}: {e.details()}")
 
-    def cancel(self, call: Any) -> concurrent.futures.Future[float]:
+    def cancel(self, call: Any,
+               steps: Callable[[], int]) -> concurrent.futures.Future[tuple[float, int]]:
         """Cancel `call` on its loop (aio calls belong to it); the future gives when the cancel
-        was made there (time.monotonic), after whatever the loop had queued before it."""
-        made: concurrent.futures.Future[float] = concurrent.futures.Future()
+        was made there (time.monotonic), after whatever the loop had queued before it, and what
+        `steps()` (the engine steps finished) read on the loop right before it."""
+        made: concurrent.futures.Future[tuple[float, int]] = concurrent.futures.Future()
 
         def cancel() -> None:
-            made.set_result(time.monotonic())
+            step0 = steps()
+            made.set_result((time.monotonic(), step0))
             call.cancel()
 
         self.loop.call_soon_threadsafe(cancel)
@@ -207,15 +211,15 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
         for call in doomed:
             before, _, _ = scrape(metrics_url)
             t0 = time.monotonic()
-            _, step0, _ = scrape(metrics_url)
-            made = streams.cancel(call)
+            made = streams.cancel(call, lambda: scrape(metrics_url)[1])
             while True:
                 now_running, _, step = scrape(metrics_url)
                 if now_running < before:
                     break
                 time.sleep(0.002)  # polls take the scheduler's GIL: do not starve its engine
             ms.append(time.monotonic() - t0)
-            lags.append(made.result(10) - t0)
+            made_at, step0 = made.result(10)
+            lags.append(made_at - t0)
             steps.append(step - step0)
             if now_running != before - 1:  # another request ended on its own: not measurable
                 raise SystemExit("a request finished during the run; raise --output-len")
