@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -136,7 +136,9 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 def service_pids(serve_pid: int) -> dict[str, int]:
     """The children of a `radixserve serve` process, by service name; a second process of one
-    service (several gateways, replicas) is NAME-2, a third NAME-3, and so on."""
+    service (several gateways, replicas) is NAME-2, a third NAME-3, and so on. A gateway with a
+    probe socket of its own (several gateways, TLS) is named after it, as `serve` names it
+    (gateway-0, gateway-1, ...): the name then stays with the gateway when it is replaced."""
     found: dict[str, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -149,6 +151,9 @@ def service_pids(serve_pid: int) -> dict[str, int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) != serve_pid:
             continue
         words = [w.decode(errors="replace") for w in argv]
+        if "gateway" in words and "--probe-address" in words[:-1]:
+            found[Path(words[words.index("--probe-address") + 1]).stem] = int(entry.name)
+            continue
         for name in SERVICES:
             if name in words:
                 key, k = name, 1
@@ -201,21 +206,28 @@ class RssSeries:
     least-squares slope over the samples taken `warmup_s` or more after the first: the prefix
     cache and the allocators fill during the first minutes, a leak keeps growing after them."""
 
-    def __init__(self, pids: dict[str, int], every_s: float, warmup_s: float):
+    def __init__(self, pids: dict[str, int], every_s: float, warmup_s: float,
+                 resolve: Callable[[], dict[str, int]] | None = None):
+        """`resolve`: the services' pids now, looked up again at every sample, so a service
+        whose process is replaced (a recycled gateway) is followed to the new one."""
         self.pids = pids
         self.every_s = every_s
         self.warmup_s = warmup_s
+        self.resolve = resolve
         self.samples: dict[str, list[tuple[float, float]]] = {name: [] for name in pids}
 
     async def run(self) -> None:
-        """Sample until cancelled (a dead service stops being sampled)."""
+        """Sample until cancelled (without `resolve`, a dead service stops being sampled; with
+        it, a service between two processes misses that sample)."""
         start = time.monotonic()
         alive = dict(self.pids)
-        while alive:
+        while alive or self.resolve is not None:
             now = time.monotonic() - start
+            if self.resolve is not None:
+                alive = self.resolve()
             for name, pid in list(alive.items()):
                 try:
-                    self.samples[name].append((now, sample(pid)["rss_mib"]))
+                    self.samples.setdefault(name, []).append((now, sample(pid)["rss_mib"]))
                 except OSError:  # it exited (the check after the load reports that)
                     del alive[name]
             await asyncio.sleep(self.every_s)

@@ -196,7 +196,8 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
         info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
         soak = _Soak(cfg, [pb_grpc.GenerateServiceStub(c) for c in channels], info.vocab_size,
                      info.max_context)
-        series = RssSeries(pids, cfg.rss_every_s, cfg.warmup_s)
+        series = RssSeries(pids, cfg.rss_every_s, cfg.warmup_s,
+                           (lambda: service_pids(serve_pid)) if serve_pid else None)
         sampler = asyncio.create_task(series.run())
         start = time.monotonic()
         deadline = start + cfg.duration_s
@@ -212,7 +213,8 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
     finally:
         for channel in channels:
             await channel.close()
-    result.processes = process_changes(pids, before)
+    now = service_pids(serve_pid) if serve_pid else {}  # recycled gateways: their new pids
+    result.processes = process_changes({n: p for n, p in now.items() if n in before}, before)
     result.rss_growth = series.growth()
     limit = cfg.max_rss_growth_pct
     result.too_fast = [] if limit is None else [

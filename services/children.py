@@ -119,6 +119,8 @@ def _gateway(cfg: ServeConfig, cli: list[str], sockets: str, backends: list[str]
         limits += ["--tls-cert", tls.cert, "--tls-key", tls.key]
         limits += ["--tls-client-ca", tls.client_ca] if tls.client_ca else []
     limits += ["--reuse-port"] if cfg.gateways > 1 else []
+    if cfg.max_connection_age_s > 0:
+        limits += ["--max-connection-age", str(cfg.max_connection_age_s)]
     metrics = ["--metrics-port", str(cfg.metrics_port + i)] if cfg.metrics_port else []
     argv = [*cli, "gateway", "--address", cfg.gateway_address, *backends,
             "--log-level", cfg.log_level, *limits, *metrics]

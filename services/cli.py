@@ -119,6 +119,12 @@ def _add_gateway_limits(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get to finish after SIGTERM")
 
 
+def _add_connection_age(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--max-connection-age", type=float, default=None, metavar="S",
+                   help="seconds before a client connection gets a GOAWAY (its calls in flight "
+                        f"finish and the client reconnects; 0: never; {default})")
+
+
 def _add_watchdog(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watchdog-timeout", type=float, default=60.0,
                    help="seconds an engine step may run before the scheduler dumps its stacks "
@@ -235,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateways", type=int, default=1,
                    help="gateway processes sharing the public port (the kernel spreads client "
                         "connections over them); each fronts every replica")
+    p.add_argument("--gateway-recycle-s", type=float, default=0.0,
+                   help="replace the gateways with fresh processes one at a time, each about "
+                        "this often (0: never; needs --gateways 2 or more): no call fails, and "
+                        "memory that gRPC keeps for cancelled calls is given back")
+    _add_connection_age(p, f"default: {cfg.RECYCLE_CONNECTION_AGE_S:.0f} with "
+                           "--gateway-recycle-s, else 0")
     _add_stream_interval(p)
     _add_routing(p)
     _add_security(p)
@@ -250,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra plaintext unix-socket listener for health probes (used by serve)")
     p.add_argument("--reuse-port", action="store_true",
                    help="share --address's port with other gateway processes (SO_REUSEPORT)")
+    _add_connection_age(p, "default: 0; with it and --reuse-port, SIGUSR2 retires the gateway "
+                           "without failing a call")
     _add_security(p)
     _add_backends(p, "tokenizer", "scheduler", "detokenizer",
                   repeated=("scheduler", "detokenizer"))
@@ -360,7 +374,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 public=public, log_level=args.log_level,
                 watchdog_timeout_s=args.watchdog_timeout, dp_size=args.dp_size,
                 gateways=args.gateways, routing=routing_config(args), ready_file=args.ready_file,
-                stream_interval=args.stream_interval,
+                stream_interval=args.stream_interval, gateway_recycle_s=args.gateway_recycle_s,
+                max_connection_age_s=(cfg.RECYCLE_CONNECTION_AGE_S if args.gateway_recycle_s > 0
+                                      else 0.0) if args.max_connection_age is None
+                else args.max_connection_age,
             )
             supervisor = Supervisor(serve_config, engine_argv(engine))  # places the replicas
         except ValueError as exc:
@@ -383,7 +400,8 @@ async def _serve_one(args: argparse.Namespace) -> int:
             raise SystemExit(f"radixserve gateway: {exc}") from None
         security = _security(args, args.probe_address)
         return await serve(args.address, backends, _frontend_config(args), args.metrics_port,
-                           secret, security, routing_config(args), args.reuse_port)
+                           secret, security, routing_config(args), args.reuse_port,
+                           args.max_connection_age or 0.0)
     model_path = _resolve_model(args.model)
     if args.command == "tokenizer":
         from radixserve.services.tokenizer.server import serve as serve_tokenizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from radixserve.engine.config import EngineConfig
@@ -13,6 +14,9 @@ DEFAULT_GATEWAY_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TOKENIZER_ADDRESS = "127.0.0.1:50052"
 DEFAULT_SCHEDULER_ADDRESS = "127.0.0.1:50053"
 DEFAULT_DETOKENIZER_ADDRESS = "127.0.0.1:50054"
+# The gateways' connection age under `serve --gateway-recycle-s` when none is given: a retiring
+# gateway serves its connections this long (and a tenth more) before it drains.
+RECYCLE_CONNECTION_AGE_S = 30.0
 
 __all__ = ["ROUTING_POLICIES", "ServeConfig"]  # the policies, for `--routing` choices
 
@@ -38,6 +42,10 @@ class ServeConfig:
     # exec probes wait on. A health check reaches one gateway only when several share the port.
     ready_file: str | None = None
     stream_interval: int = 1  # tokens per message of a stream after its first (the detokenizers)
+    # Each gateway is replaced by a fresh process about this often, one at a time (0: never;
+    # services/gateway/retire.py); a retiring gateway waits for its connections to age out.
+    gateway_recycle_s: float = 0.0
+    max_connection_age_s: float = 0.0  # the gateways' GOAWAY age of a client connection (0: never)
 
     def __post_init__(self) -> None:
         # The supervisor checks the gateway's health on this port, so it must be a real one.
@@ -49,6 +57,15 @@ class ServeConfig:
             raise ValueError(f"gateways must be >= 1, got {self.gateways}")
         if self.stream_interval < 1:
             raise ValueError(f"stream interval must be >= 1, got {self.stream_interval}")
+        if not all(0 <= s < math.inf for s in (self.max_connection_age_s, self.gateway_recycle_s)):
+            raise ValueError("max connection age and gateway recycle period must be >= 0 "
+                             "seconds")
+        if self.gateway_recycle_s > 0 and self.gateways < 2:
+            raise ValueError("recycling gateways needs 2 or more (--gateways): the others hold "
+                             "the public port while one is replaced")
+        if self.gateway_recycle_s > 0 and self.max_connection_age_s <= 0:
+            raise ValueError("recycling gateways needs a max connection age > 0: a retiring "
+                             "gateway waits for its clients' connections to age out")
         # The gateways and then the schedulers take consecutive ports from metrics_port.
         top = 65536 - self.gateways - self.dp_size + 1
         if self.metrics_port is not None and not 0 < self.metrics_port < top:

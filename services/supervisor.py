@@ -17,6 +17,8 @@ Policy when a child dies:
   in that window takes the first path. This holds while the stack starts too (the gateway may
   serve the first replicas before the last is ready), where the startup timeout still bounds the
   wait for every child.
+- A gateway that exits 0 after the supervisor asked it to retire (`--gateway-recycle-s`,
+  services/rotation.py): started again in place, outside the restart budget.
 Children get SIGTERM if the supervisor itself dies (PR_SET_PDEATHSIG), so nothing is orphaned.
 
 Hung children: from its first answer on (during startup too: one child can hang while another is
@@ -54,6 +56,7 @@ from radixserve.services.children import (
 from radixserve.services.common.auth import API_KEY_ENV, SECRET_ENV
 from radixserve.services.common.lifecycle import PARENT_PID_ENV
 from radixserve.services.config import ServeConfig
+from radixserve.services.rotation import GatewayRotation
 
 log = logging.getLogger("radixserve.serve")
 POLL_S = 0.1
@@ -91,6 +94,7 @@ class Supervisor:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._restarts = RestartBudget(RESTART_LIMIT, RESTART_WINDOW_S)
         self._stop_signal: int | None = None
+        self._rotation: GatewayRotation | None = None
         # Internal calls carry a secret even on private sockets; one is made up when none is set.
         self._secret = os.environ.get(SECRET_ENV) or secrets.token_hex(32)
 
@@ -104,6 +108,7 @@ class Supervisor:
             self._children = {c.name: c for c in children}
             for child in children:
                 self._spawn(child)
+
             # Probed from the start: a child can hang while the others are still getting ready.
             timeout_s = self._config.watchdog_timeout_s
             liveness = Liveness(children, timeout_s) if timeout_s > 0 else None
@@ -112,6 +117,10 @@ class Supervisor:
                 if ready:
                     log.info("serving %s on %s", self._config.engine.model_path,
                              self._config.gateway_address)
+                    if self._config.gateway_recycle_s > 0:
+                        self._rotation = GatewayRotation(
+                            [c.name for c in children if is_gateway(c.name)],
+                            self._config.gateway_recycle_s, time.monotonic())
                     self._announce_ready()
                     failed = self._watch(liveness)
                 else:
@@ -180,6 +189,7 @@ class Supervisor:
             if dead is not None and not self._restart(dead, liveness):
                 return True
             self._kill_if_silent(liveness)
+            self._rotate()
             time.sleep(POLL_S)
         log.info("signal %d: draining", self._stop_signal)
         return False
@@ -197,10 +207,32 @@ class Supervisor:
             proc.kill()
             proc.wait()
 
+    def _rotate(self) -> None:
+        """Ask the gateway whose turn has come to retire; note when the one started again
+        serves."""
+        rotation = self._rotation
+        if rotation is None:
+            return
+        if rotation.starting is not None:
+            with _probe_channel(self._children[rotation.starting].address) as channel:
+                if _serving(health_pb2_grpc.HealthStub(channel)):
+                    log.info("%s serving again", rotation.starting)
+                    rotation.serving(time.monotonic())
+        name = rotation.due(time.monotonic())
+        if name is not None:
+            log.info("%s (pid %d): retiring it, to start it again", name, self._procs[name].pid)
+            self._procs[name].send_signal(signal.SIGUSR2)
+
     def _restart(self, dead: Exited, liveness: Liveness | None) -> bool:
-        """Start a replica's dead child again in place, within the budget; False: the stack
-        stops (the module docstring's policy)."""
+        """Start a replica's dead child, or a gateway that retired, again in place (the former
+        within the budget); False: the stack stops (the module docstring's policy)."""
         child = self._children[dead.name]
+        if self._rotation is not None and self._rotation.retired(*dead):
+            log.info("%s retired; starting it again", dead.name)
+            self._spawn(child)
+            if liveness is not None:
+                liveness.restarted(dead.name, self._config.startup_timeout_s)
+            return True
         if child.replica is None:
             log.error("%s exited with code %d; stopping the others", *dead)
             return False

@@ -95,9 +95,11 @@ async def run_until_signal(
     fatal: asyncio.Event | None = None,
     stop_grace_s: float = 1.0,
     stop_server: bool = True,
+    finished: asyncio.Event | None = None,
 ) -> int:
-    """Serve until SIGTERM/SIGINT (exit 0) or `fatal` is set (exit 1); drain before stopping.
-    Everything the service built to start is frozen out of the garbage collector first.
+    """Serve until SIGTERM/SIGINT or `finished` is set (the service ended its own serving: exit
+    0) or `fatal` is set (exit 1); drain before stopping. Everything the service built to start
+    is frozen out of the garbage collector first.
 
     `drain` flips health to NOT_SERVING, refuses new work and waits for in-flight work, so the
     final `server.stop` has little left to cancel.
@@ -108,13 +110,13 @@ async def run_until_signal(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     waiters = [asyncio.create_task(stop.wait())]
-    if fatal is not None:
-        waiters.append(asyncio.create_task(fatal.wait()))
+    waiters += [asyncio.create_task(e.wait()) for e in (fatal, finished) if e is not None]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     for waiter in waiters:
         waiter.cancel()
     failed = fatal is not None and fatal.is_set()
-    log.info("%s; draining", "fatal error" if failed else "signal received")
+    log.info("%s; draining", "fatal error" if failed else "serving ended"
+             if finished is not None and finished.is_set() else "signal received")
     await drain()
     if stop_server:
         await server.stop(stop_grace_s)

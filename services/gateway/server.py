@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -26,6 +27,7 @@ from radixserve.services.gateway import convert
 from radixserve.services.gateway.frontend import Frontend, FrontendConfig
 from radixserve.services.gateway.links import BackendAddresses, Links
 from radixserve.services.gateway.metrics import GatewayMetrics
+from radixserve.services.gateway.retire import retire
 from radixserve.services.gateway.routing import RoutingConfig
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
@@ -150,8 +152,11 @@ async def create_server(
     security: auth.PublicSecurity | None = None,
     routing: RoutingConfig | None = None,
     reuse_port: bool = False,
+    connection_age_s: float = 0.0,
 ) -> Served:
-    """Build the gateway on `address` (port 0 picks one) and start connecting to the backends."""
+    """Build the gateway on `address` (port 0 picks one) and start connecting to the backends.
+    `connection_age_s` > 0: each client connection gets a GOAWAY at that age (its calls in flight
+    finish), so clients spread again over the gateways sharing the port and one can retire."""
     metrics = metrics or GatewayMetrics()
     security = security or auth.PublicSecurity()
     gateway = Gateway(backends, config or FrontendConfig(), metrics, secret, routing)
@@ -162,6 +167,8 @@ async def create_server(
     # The port is not shared unless asked: a stale gateway must not silently take half the calls.
     options = [(k, v) for k, v in rpc.PUBLIC_SERVER_OPTIONS if k != "grpc.so_reuseport"]
     options.append(("grpc.so_reuseport", int(reuse_port)))
+    if connection_age_s > 0:
+        options.append(("grpc.max_connection_age_ms", round(connection_age_s * 1000)))
     server = rpc.create_aio_server(interceptors, options)
     servicer = GenerateServicer(gateway.frontend, gateway.links.routing.policy)
     pb_grpc.add_GenerateServiceServicer_to_server(servicer, server)
@@ -184,21 +191,25 @@ async def serve(
     security: auth.PublicSecurity | None = None,
     routing: RoutingConfig | None = None,
     reuse_port: bool = False,
+    connection_age_s: float = 0.0,
 ) -> int:
-    """Entry point of `radixserve gateway`: serve until SIGTERM, drain, exit."""
+    """Entry point of `radixserve gateway`: serve until SIGTERM, or until it has retired on
+    SIGUSR2 (gateway/retire.py); drain, exit."""
     from radixserve.services.common.lifecycle import exit_now, run_until_signal
 
     metrics = GatewayMetrics()
     if metrics_port:
         metrics.serve_http(metrics_port)
     served = await create_server(address, backends, config, metrics, secret, security, routing,
-                                 reuse_port)
+                                 reuse_port, connection_age_s)
     await served.server.start()
+    retired = _retire_on_sigusr2(served, config, reuse_port, connection_age_s)
     security = security or auth.PublicSecurity()
     log.info("gateway listening on %s (port %d, %s, %s)", address, served.port,
              "TLS" if security.tls else "plaintext",
              "API key required" if security.api_key else "no API key")
-    code = await run_until_signal(served.server, served.gateway.drain, stop_server=False)
+    code = await run_until_signal(served.server, served.gateway.drain, stop_server=False,
+                                  finished=retired)
     # No `server.stop`: grpc answers the calls that race it, and those still open at its end,
     # with CANCELLED, which tells a client that it cancelled the call itself, so it does not
     # retry elsewhere. Every call has had its UNAVAILABLE from the drain; after a moment for
@@ -206,3 +217,26 @@ async def serve(
     # that sees a closed connection: UNAVAILABLE too, which clients treat as retryable.
     await asyncio.sleep(FLUSH_S)
     exit_now(code)
+
+
+def _retire_on_sigusr2(served: Served, config: FrontendConfig, reuse_port: bool,
+                       connection_age_s: float) -> asyncio.Event:
+    """An event set once the gateway has retired after SIGUSR2; only a gateway that shares its
+    port and ages its connections can retire without failing calls, others log and go on."""
+    retired = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def run() -> None:
+        await retire(served.port, connection_age_s, served.gateway.open_calls,
+                     config.drain_timeout_s)
+        retired.set()
+
+    def on_signal() -> None:
+        if not (reuse_port and connection_age_s > 0):
+            log.error("SIGUSR2 ignored: a gateway retires only when it shares its port "
+                      "(--reuse-port) and ages its connections (--max-connection-age)")
+        elif not tasks:
+            tasks.append(asyncio.create_task(run()))
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, on_signal)
+    return retired

@@ -2,10 +2,13 @@
 
 import asyncio
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 from radixserve.bench import soak
-from radixserve.bench.process import RssSeries, growth_table
+from radixserve.bench.process import RssSeries, growth_table, service_pids
 
 
 def _series(points: dict[str, list[tuple[float, float]]], warmup_s: float) -> RssSeries:
@@ -58,3 +61,37 @@ def test_a_service_above_the_limit_fails_the_run() -> None:
     assert "RSS growth above 1.0 %/h: gateway" in soak.format_table(cfg, result)
     with pytest.raises(ValueError, match="rss-every"):
         soak.SoakConfig("x", rss_every_s=0)
+
+
+def test_a_recycled_gateway_is_followed_to_its_new_process_under_its_own_name(tmp_path) -> None:
+    """`serve` names a gateway with a probe socket after it; the sampler looks the pids up at
+    every sample, so the series of gateway-1 goes on in the process that replaced it."""
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "gateway", "--probe-address",
+            f"unix:{tmp_path}/gateway-1.sock"]
+    old, new = subprocess.Popen(argv), subprocess.Popen(argv[:-1] + [f"unix:{tmp_path}/x.sock"])
+    try:
+        deadline = time.monotonic() + 30  # until both have exec'd
+        while set(service_pids(os.getpid())) != {"gateway-1", "x"}:
+            assert time.monotonic() < deadline, service_pids(os.getpid())
+            time.sleep(0.05)
+        assert service_pids(os.getpid()) == {"gateway-1": old.pid, "x": new.pid}
+        old.kill()  # retired: only the lookups lead to its replacement
+        old.wait()
+        lookups = iter([{}])
+
+        async def sample_three() -> RssSeries:
+            series = RssSeries({"gateway-1": old.pid}, every_s=0.01, warmup_s=0.0,
+                               resolve=lambda: next(lookups, {"gateway-1": new.pid}))
+            task = asyncio.create_task(series.run())
+            await asyncio.sleep(0.1)
+            task.cancel()
+            return series
+
+        series = asyncio.run(sample_three())
+        # every lookup but the empty one (a gateway between two processes) gave a sample of the
+        # new process; the old pid would have given none
+        assert len(series.samples["gateway-1"]) >= 3
+    finally:
+        for proc in (old, new):
+            proc.kill()
+            proc.wait()
