@@ -332,6 +332,13 @@ def engine_argv(engine: Any) -> list[str]:
     return argv + [flag for flag, field in ENGINE_SWITCHES if getattr(engine, field, True) is False]
 
 
+def _connection_age(args: argparse.Namespace) -> float:
+    """`serve`'s --max-connection-age: as given, else the recycling default or 0 (never)."""
+    if args.max_connection_age is not None:
+        return float(args.max_connection_age)
+    return cfg.RECYCLE_CONNECTION_AGE_S if args.gateway_recycle_s > 0 else 0.0
+
+
 def _frontend_config(args: argparse.Namespace) -> Any:
     from radixserve.services.gateway.frontend import FrontendConfig
 
@@ -375,9 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 watchdog_timeout_s=args.watchdog_timeout, dp_size=args.dp_size,
                 gateways=args.gateways, routing=routing_config(args), ready_file=args.ready_file,
                 stream_interval=args.stream_interval, gateway_recycle_s=args.gateway_recycle_s,
-                max_connection_age_s=(cfg.RECYCLE_CONNECTION_AGE_S if args.gateway_recycle_s > 0
-                                      else 0.0) if args.max_connection_age is None
-                else args.max_connection_age,
+                max_connection_age_s=_connection_age(args),
             )
             supervisor = Supervisor(serve_config, engine_argv(engine))  # places the replicas
         except ValueError as exc:

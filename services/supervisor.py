@@ -108,7 +108,6 @@ class Supervisor:
             self._children = {c.name: c for c in children}
             for child in children:
                 self._spawn(child)
-
             # Probed from the start: a child can hang while the others are still getting ready.
             timeout_s = self._config.watchdog_timeout_s
             liveness = Liveness(children, timeout_s) if timeout_s > 0 else None

@@ -72,3 +72,16 @@ def test_cli_gateway_backends_repeat_and_default_from_the_environment(
     assert args.routing == "least_load"
     # The scheduler keeps its single detokenizer.
     assert build_parser().parse_args(["scheduler"]).detokenizer_addr == "detok:1"
+
+
+def test_cli_connection_age_defaults_with_gateway_recycling() -> None:
+    """Recycling needs connections that age out: 30 s unless given; without recycling, never."""
+    from radixserve.services.cli import _connection_age, build_parser
+
+    parse = build_parser().parse_args
+    assert _connection_age(parse(["serve"])) == 0.0
+    assert _connection_age(parse(["serve", "--gateways", "2", "--gateway-recycle-s", "600"])) == 30
+    assert _connection_age(parse(["serve", "--gateway-recycle-s", "600",
+                                  "--max-connection-age", "5"])) == 5.0
+    assert _connection_age(parse(["serve", "--max-connection-age", "120"])) == 120.0
+    assert parse(["gateway", "--max-connection-age", "5"]).max_connection_age == 5.0
