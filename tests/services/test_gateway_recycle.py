@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import grpc
 import pytest
@@ -78,54 +79,84 @@ def test_recycling_needs_two_gateways_and_a_connection_age() -> None:
         assert "--reuse-port" in child.argv
 
 
+class _HeldStream:
+    """A long stream read on a thread of its own, with when each of its messages came."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.call = pb_grpc.GenerateServiceStub(channel).Generate(
+            request([5, 6], max_new_tokens=4000, ignore_eos=True), timeout=600)
+        self.times: list[float] = []
+        self.code: grpc.StatusCode | None = None
+        self._thread = threading.Thread(target=self._read)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for _ in self.call:
+                self.times.append(time.monotonic())
+            self.code = grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            self.code = exc.code()
+
+    def end(self) -> grpc.StatusCode | None:
+        self.call.cancel()
+        self._thread.join(60)
+        return self.code
+
+
+def _retirements(log: Path) -> list[int]:
+    """The calls in flight as each retirement began, from the serve log."""
+    return [int(line.split("; ")[1].split()[0]) for line in log.read_text().splitlines()
+            if "retiring: " in line and "in flight" in line]
+
+
 def test_recycled_gateways_fail_no_call(tmp_path) -> None:
-    """Two gateways, each replaced every few seconds, while one client calls over connections
-    of its own and others hold streams that last through the rotation: every call ends OK with
-    all its tokens, a gateway retired with streams in flight, and both gateway processes are new
-    at the end."""
-    s = Stack("--gateways", "2", "--gateway-recycle-s", "4", "--max-connection-age", "1",
-              "--drain-timeout", "300", log_path=tmp_path / "serve.log")
+    """Two gateways, replaced in turn every few seconds, while a client makes short calls over
+    connections of its own and others hold long streams: every short call ends OK, the held
+    streams go on through a retirement of the gateway that serves some of them (until the test
+    cancels them), and both gateway processes are new at the end."""
+    log = tmp_path / "serve.log"
+    s = Stack("--gateways", "2", "--gateway-recycle-s", "8", "--max-connection-age", "1",
+              "--drain-timeout", "300", "--ready-file", str(tmp_path / "ready"), log_path=log)
+    channels = [grpc.insecure_channel(s.target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(8)]
+    held: list[_HeldStream] = []
     try:
         s.wait_ready()
-        deadline = time.monotonic() + 120
-        while len(s.gateway_pids()) < 2:
-            assert time.monotonic() < deadline, "the second gateway never started"
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "ready").exists():  # both gateways serve (the rotation starts)
+            assert s.proc.poll() is None and time.monotonic() < deadline, "not every child ready"
             time.sleep(0.2)
         first = set(s.gateway_pids())
-        channels = [grpc.insecure_channel(s.target, options=[("grpc.use_local_subchannel_pool", 1)])
-                    for _ in range(8)]
-        held: list[tuple[grpc.StatusCode, int]] = []
-
-        def hold(channel: grpc.Channel) -> None:  # a stream on a connection of its own
-            got = collect(pb_grpc.GenerateServiceStub(channel),
-                          request([5, 6], max_new_tokens=1000, ignore_eos=True), timeout=600)
-            held.append((got.code, len(got.token_ids)))
-
-        holders = [threading.Thread(target=hold, args=(ch,)) for ch in channels[3:]]
-        for holder in holders:
-            holder.start()
+        held = [_HeldStream(ch) for ch in channels[3:]]  # connections of their own
         codes: Counter[grpc.StatusCode] = Counter()
-        try:
-            deadline = time.monotonic() + 300
-            i = 0
-            while set(s.gateway_pids()) & first or len(s.gateway_pids()) < 2:
-                assert time.monotonic() < deadline, "the gateways were not both replaced"
-                got = collect(pb_grpc.GenerateServiceStub(channels[i % 3]),
-                              request([7, i % 50], max_new_tokens=4, ignore_eos=True))
-                codes[got.code] += 1
-                assert got.code == grpc.StatusCode.OK and len(got.token_ids) == 4, (i, got)
-                i += 1
-            for holder in holders:
-                holder.join(600)
-        finally:
-            for channel in channels:
-                channel.close()
-        assert held == [(grpc.StatusCode.OK, 1000)] * 5
+        busy_retirement_seen: float | None = None
+        deadline = time.monotonic() + 300
+        i = 0
+        while set(s.gateway_pids()) & first or len(s.gateway_pids()) < 2:
+            assert time.monotonic() < deadline, ("the gateways were not both replaced",
+                                                 _retirements(log))
+            got = collect(pb_grpc.GenerateServiceStub(channels[i % 3]),
+                          request([7, i % 50], max_new_tokens=4, ignore_eos=True))
+            codes[got.code] += 1
+            assert got.code == grpc.StatusCode.OK and len(got.token_ids) == 4, (i, got)
+            i += 1
+            if busy_retirement_seen is None and any(n >= 1 for n in _retirements(log)):
+                busy_retirement_seen = time.monotonic()  # a gateway retires with calls open
+            if (busy_retirement_seen is not None and held
+                    and time.monotonic() > busy_retirement_seen + 3):  # past its GOAWAYs
+                # Every held stream still gets tokens after the GOAWAYs: none was cut; then
+                # ending them lets their gateway finish retiring.
+                assert all(h.code is None and h.times[-1] > busy_retirement_seen + 2
+                           for h in held), [(h.code, len(h.times)) for h in held]
+                assert [h.end() for h in held] == [grpc.StatusCode.CANCELLED] * len(held)
+                held = []
+        assert busy_retirement_seen is not None and not held
         assert codes[grpc.StatusCode.OK] == i > 0
-        log = (tmp_path / "serve.log").read_text()
-        assert log.count("retired; starting it again") >= 2
-        in_flight = [int(line.split("; ")[1].split()[0]) for line in log.splitlines()
-                     if "retiring: " in line and "in flight" in line]
-        assert len(in_flight) >= 2 and max(in_flight) >= 1, in_flight
+        assert log.read_text().count("retired; starting it again") >= 2
     finally:
+        for h in held:
+            h.end()
+        for channel in channels:
+            channel.close()
         s.stop()
