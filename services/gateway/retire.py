@@ -13,7 +13,9 @@ SIGUSR2 a gateway:
    flight finish: the client's next call opens a connection to another gateway, and a call that
    raced the GOAWAY is still served. `server.stop` would not do: it answers such calls CANCELLED,
    which a client takes for its own cancel and does not retry;
-3. waits for its last calls (at most `patience_s`), then exits through the usual drain.
+3. waits for its last Generate calls to end, however long they take (nothing hurries a gateway
+   that others stand in for, and a recycle must not cut a long generation short), then exits
+   through the usual drain, which ends what else is open (a health Watch) at once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 AGE_JITTER = 1.1  # grpc spreads each connection's maximum age by up to 10 %
 AGE_MARGIN_S = 1.0  # for the GOAWAY and the client's next call to cross
+REPORT_EVERY_S = 60.0  # how often a retirement still waiting says so
 
 
 def close_listeners(port: int) -> int:
@@ -57,17 +60,18 @@ def close_listeners(port: int) -> int:
     return closed
 
 
-async def retire(port: int, connection_age_s: float, open_calls: Callable[[], int],
-                 patience_s: float) -> None:
-    """Steps 1 and 2 of the module's docstring, then the wait for the last calls; the caller
-    drains and exits after it."""
+async def retire(port: int, connection_age_s: float, live_requests: Callable[[], int]) -> None:
+    """The module docstring's steps 1 to 3, up to the drain, which the caller runs after it."""
     closed = close_listeners(port)
     wait_s = connection_age_s * AGE_JITTER + AGE_MARGIN_S
     log.info("retiring: %d listener(s) on port %d shut down; %d call(s) in flight; serving this "
              "gateway's connections for %.1f s more, until each has had its GOAWAY", closed, port,
-             open_calls(), wait_s)
+             live_requests(), wait_s)
     await asyncio.sleep(wait_s)
-    deadline = time.monotonic() + patience_s
-    while open_calls() and time.monotonic() < deadline:
+    report = time.monotonic() + REPORT_EVERY_S
+    while live_requests():
+        if time.monotonic() > report:
+            log.info("retiring: waiting for %d call(s) to end", live_requests())
+            report += REPORT_EVERY_S
         await asyncio.sleep(0.05)
-    log.info("retiring: %d call(s) still open; draining", open_calls())
+    log.info("retiring: no call left; draining")

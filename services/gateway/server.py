@@ -203,7 +203,7 @@ async def serve(
     served = await create_server(address, backends, config, metrics, secret, security, routing,
                                  reuse_port, connection_age_s)
     await served.server.start()
-    retired = _retire_on_sigusr2(served, config, reuse_port, connection_age_s)
+    retired = _retire_on_sigusr2(served, reuse_port, connection_age_s)
     security = security or auth.PublicSecurity()
     log.info("gateway listening on %s (port %d, %s, %s)", address, served.port,
              "TLS" if security.tls else "plaintext",
@@ -219,16 +219,15 @@ async def serve(
     exit_now(code)
 
 
-def _retire_on_sigusr2(served: Served, config: FrontendConfig, reuse_port: bool,
-                       connection_age_s: float) -> asyncio.Event:
+def _retire_on_sigusr2(served: Served, reuse_port: bool, connection_age_s: float
+                       ) -> asyncio.Event:
     """An event set once the gateway has retired after SIGUSR2; only a gateway that shares its
     port and ages its connections can retire without failing calls, others log and go on."""
     retired = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
 
     async def run() -> None:
-        await retire(served.port, connection_age_s, served.gateway.open_calls,
-                     config.drain_timeout_s)
+        await retire(served.port, connection_age_s, lambda: served.gateway.frontend.live_requests)
         retired.set()
 
     def on_signal() -> None:

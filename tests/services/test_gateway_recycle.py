@@ -117,7 +117,7 @@ def test_recycled_gateways_fail_no_call(tmp_path) -> None:
     cancels them), and both gateway processes are new at the end."""
     log = tmp_path / "serve.log"
     s = Stack("--gateways", "2", "--gateway-recycle-s", "8", "--max-connection-age", "1",
-              "--drain-timeout", "300", "--ready-file", str(tmp_path / "ready"), log_path=log)
+              "--ready-file", str(tmp_path / "ready"), log_path=log)
     channels = [grpc.insecure_channel(s.target, options=[("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(8)]
     held: list[_HeldStream] = []
