@@ -35,6 +35,7 @@ from radixserve.v1 import generate_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 CALLS_CLOSE_S = 2.0  # after the drain, how long to wait for the last handlers to return
 FLUSH_S = 0.2  # between the last handler's status and the process exit
+READY_POLL_S = 0.02  # a gateway sharing its port listens only once its backends are ready
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerateService"].full_name
 
 
@@ -202,6 +203,12 @@ async def serve(
         metrics.serve_http(metrics_port)
     served = await create_server(address, backends, config, metrics, secret, security, routing,
                                  reuse_port, connection_age_s)
+    if reuse_port:
+        # Other gateways may serve this port already (one started again after it retired): join
+        # them only once the backends are ready, or the kernel would hand this one connections
+        # whose calls it can only refuse. Until then its probe does not answer either.
+        while not served.gateway.links.ready:
+            await asyncio.sleep(READY_POLL_S)
     await served.server.start()
     retired = _retire_on_sigusr2(served, reuse_port, connection_age_s)
     security = security or auth.PublicSecurity()
