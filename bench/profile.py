@@ -297,15 +297,14 @@ class _Launches:
 
     def _launch(self, batch: Any) -> Any:
         stream = self.runner.stream
-        if stream is None:
-            self.batches.append(batch)
-            return type(self.runner).forward(self.runner, batch)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
+        if stream is not None:
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record(stream)
         out = type(self.runner).forward(self.runner, batch)
-        end.record(stream)
+        if stream is not None:
+            end.record(stream)
+            self.events.append((start, end))
         self.batches.append(batch)
-        self.events.append((start, end))
         return out
 
     def __enter__(self) -> _Launches:

@@ -228,20 +228,17 @@ class Supervisor:
         child = self._children[dead.name]
         if self._rotation is not None and self._rotation.retired(*dead):
             log.info("%s retired; starting it again", dead.name)
-            self._spawn(child)
-            if liveness is not None:
-                liveness.restarted(dead.name, self._config.startup_timeout_s)
-            return True
-        if child.replica is None:
+        elif child.replica is None:
             log.error("%s exited with code %d; stopping the others", *dead)
             return False
-        if not self._restarts.allow(dead.name, time.monotonic()):
+        elif not self._restarts.allow(dead.name, time.monotonic()):
             log.error("%s exited with code %d after %d restarts in %.0f s; stopping the others",
                       *dead, RESTART_LIMIT, RESTART_WINDOW_S)
             return False
-        log.warning("%s exited with code %d; restarting it (restart %d of %d in %.0f s); the "
-                    "other replicas keep serving", *dead, self._restarts.used(dead.name),
-                    RESTART_LIMIT, RESTART_WINDOW_S)
+        else:
+            log.warning("%s exited with code %d; restarting it (restart %d of %d in %.0f s); the "
+                        "other replicas keep serving", *dead, self._restarts.used(dead.name),
+                        RESTART_LIMIT, RESTART_WINDOW_S)
         self._spawn(child)
         if liveness is not None:
             liveness.restarted(dead.name, self._config.startup_timeout_s)
