@@ -205,7 +205,7 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
                        else streams.failures[:3] or "no stream failed")
                 raise SystemExit(f"the scheduler never ran {running} requests at once ({why})")
             time.sleep(0.05)
-        ms, lags, steps = [], [], []
+        ms, lags, steps, channel_of = [], [], [], []
         doomed = random.Random(seed).sample(streams.calls, cancels)
         began, first_step = time.monotonic(), scrape(metrics_url)[1]
         for call in doomed:
@@ -221,6 +221,8 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
             made_at, step0 = made.result(10)
             lags.append(made_at - t0)
             steps.append(step - step0)
+            # which channel (gateway connection) carried it: a slow first cancel on each shows
+            channel_of.append(streams.calls.index(call) % channels)
             if now_running != before - 1:  # another request ended on its own: not measurable
                 raise SystemExit("a request finished during the run; raise --output-len")
         step_ms = (time.monotonic() - began) * 1000 / max(1, scrape(metrics_url)[1] - first_step)
@@ -233,7 +235,10 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
     return {"running": running, "channels": channels, "processes": processes, "read": read,
             "cancels": cancels,
             "ms": percentiles(ms), "client_lag_ms": percentiles(lags), "step_ms": step_ms,
-            "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)}}
+            "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)},
+            # every cancel in the order made: where in the run the slow ones fall
+            "each": [{"ms": round(t * 1000, 2), "lag_ms": round(lag * 1000, 2), "steps": n,
+                      "channel": c} for t, lag, n, c in zip(ms, lags, steps, channel_of)]}
 
 
 def _p99(values: list[int]) -> int:
@@ -254,6 +259,10 @@ def format_table(r: dict[str, Any]) -> str:
         f"{r['client_lag_ms']['p50']:.1f} | {r['client_lag_ms']['p99']:.1f} | | |",
         f"| engine steps | {r['steps']['p50']} | {r['steps']['p99']} | {r['steps']['max']} "
         "| <= 2 |",
+        "",
+        "over 2 steps (#cancel in the run, channel: steps, ms): " + (", ".join(
+            f"#{i} c{e['channel']}: {e['steps']}, {e['ms']:.1f}"
+            for i, e in enumerate(r["each"]) if e["steps"] > 2) or "none"),
     ])
 
 
