@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # The scheduler's count of engine steps it has run (services/scheduler/metrics.py), as exposed.
 ENGINE_STEPS = "radixserve_engine_steps_total"
-# (sample name, its labels sorted) -> value
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+Labels = tuple[tuple[str, str], ...]  # a sample's labels, sorted
+Samples = dict[tuple[str, Labels], float]  # (sample name, its labels) -> value
 
 
 def served_metrics(serve_flags: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -43,7 +43,11 @@ def served_metrics(serve_flags: list[str]) -> tuple[list[str], list[str], list[s
 def scrape(url: str, timeout_s: float = 5.0) -> Samples:
     """Every sample the endpoint at `url` exposes now."""
     with urllib.request.urlopen(url, timeout=timeout_s) as reply:
-        text = reply.read().decode()
+        return parse(reply.read().decode())
+
+
+def parse(text: str) -> Samples:
+    """Every sample of an exposition in Prometheus' text format."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
@@ -58,19 +62,22 @@ class Reading:
     def take(cls, urls: list[str]) -> Reading:
         return cls([scrape(url) for url in urls])
 
-    def total(self, name: str) -> float:
-        """The label-less sample `name` summed over the endpoints that have it."""
-        return sum(e.get((name, ()), 0.0) for e in self.endpoints)
+    def total(self, name: str, labels: Labels = ()) -> float:
+        """The sample `name` with exactly `labels` (sorted pairs) summed over the endpoints that
+        have it."""
+        return sum(e.get((name, labels), 0.0) for e in self.endpoints)
 
-    def buckets(self, histogram: str) -> dict[float, float]:
-        """upper bound -> cumulative count of histogram `histogram` (base name, no suffix), summed
-        over the endpoints."""
+    def buckets(self, histogram: str, labels: Labels = ()) -> dict[float, float]:
+        """upper bound -> cumulative count of histogram `histogram` (base name, no suffix) with
+        `labels` besides `le`, summed over the endpoints."""
         out: dict[float, float] = {}
         for samples in self.endpoints:
-            for (name, labels), value in samples.items():
+            for (name, pairs), value in samples.items():
                 if name == f"{histogram}_bucket":
-                    le = float(dict(labels)["le"])
-                    out[le] = out.get(le, 0.0) + value
+                    own = dict(pairs)
+                    le = float(own.pop("le"))
+                    if tuple(sorted(own.items())) == labels:
+                        out[le] = out.get(le, 0.0) + value
         return out
 
 
@@ -92,12 +99,14 @@ def quantile(q: float, buckets: dict[float, float]) -> float:
     return lower
 
 
-def observed_ms(before: Reading, after: Reading, histogram: str) -> dict[str, float]:
-    """What histogram `histogram` (seconds) observed between two readings: count, and mean, p50,
-    p90 and p99 in milliseconds (NaN when it observed nothing)."""
-    b0, b1 = before.buckets(histogram), after.buckets(histogram)
+def observed_ms(before: Reading, after: Reading, histogram: str,
+                labels: Labels = ()) -> dict[str, float]:
+    """What histogram `histogram` (seconds; its series with `labels`) observed between two
+    readings: count, and mean, p50, p90 and p99 in milliseconds (NaN when it observed nothing)."""
+    b0, b1 = before.buckets(histogram, labels), after.buckets(histogram, labels)
     span = {le: b1[le] - b0.get(le, 0.0) for le in b1}
-    count = after.total(f"{histogram}_count") - before.total(f"{histogram}_count")
-    seconds = after.total(f"{histogram}_sum") - before.total(f"{histogram}_sum")
+    count = (after.total(f"{histogram}_count", labels)
+             - before.total(f"{histogram}_count", labels))
+    seconds = after.total(f"{histogram}_sum", labels) - before.total(f"{histogram}_sum", labels)
     return {"count": count, "mean": seconds / count * 1e3 if count > 0 else math.nan,
             **{f"p{round(q * 100)}": quantile(q, span) * 1e3 for q in (0.5, 0.9, 0.99)}}

@@ -138,6 +138,7 @@ class LevelResult:
 # New tokens of each warm-up request (`warm_up_work`).
 WARM_UP_TOKENS = 32
 PREFILL_CAP = "radixserve_mixed_prefill_cap"  # services/scheduler/metrics.py
+STEP_SECONDS = "radixserve_engine_step_seconds"  # engine/step_times.py, by kind
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
         "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
         "arrival_ms": "radixserve_step_arrival_delay_seconds",
@@ -166,6 +167,9 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     out: dict[str, Any] = {"step_ms": step_ms}
     for key, histogram in HOPS.items():
         out[key] = observed_ms(before, after, histogram)
+    # the steps that decoded: the engine's share of the inter-token gaps
+    for kind in ("decode", "mixed"):
+        out[f"{kind}_step_ms"] = observed_ms(before, after, STEP_SECONDS, (("kind", kind),))
     # the prefill a step that decodes took at the level's end (mixed_step_ratio), each replica's
     out["prefill_cap"] = [e.get((PREFILL_CAP, ()), 0.0) for e in schedulers]
     return out
@@ -300,20 +304,28 @@ def format_plane(results: list[LevelResult]) -> str:
     if not any(r.plane for r in results):
         return ""
     names = [k.removesuffix("_ms") for k in HOPS]
+    steps = ("decode", "mixed")
     head = (f"{'conc':>5} {'rate':>6} {'step':>6} {'TPOT p50/step':>13} "
+            + " ".join(f"{kind + ' share/p50/p99':>22}" for kind in steps) + " "
             + " ".join(f"{name + ' mean/p50/p99':>26}" for name in names) + f" {'cap':>6}")
-    rows = ["the plane per level, ms (step: the level's time / engine steps; cap: each replica's "
-            "prefill budget of a step that decodes, at the level's end; the others: from the "
-            "scheduler having a step's outputs to each point on its way)", head, "-" * len(head)]
+    rows = ["the plane per level, ms (step: the level's time / engine steps; decode, mixed: the "
+            "engine's steps that decoded, alone or beside prefill, as streams saw them (share of "
+            "steps, quantiles within buckets 2^(1/3) apart); cap: each replica's prefill budget "
+            "of a step that decodes, at the level's end; the others: from the scheduler having a "
+            "step's outputs to each point on its way)", head, "-" * len(head)]
     for r in results:
         if not r.plane:
             continue
         step = r.plane["step_ms"]
         hops = ["/".join(f"{r.plane[k][q]:.1f}" for q in ("mean", "p50", "p99")) for k in HOPS]
         cap = ",".join(f"{c:.0f}" for c in r.plane.get("prefill_cap", ())) or "-"
+        kinds = [r.plane.get(f"{kind}_step_ms", {}) for kind in steps]
+        counted = sum(k.get("count", 0.0) for k in kinds)
+        shown = [f"{k['count'] / counted:.2f}/{k['p50']:.1f}/{k['p99']:.1f}"
+                 if counted and k.get("count") else "-" for k in kinds]
         rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} {step:>6.2f} "
-                    f"{r.tpot_ms['p50'] / step:>13.2f} " + " ".join(f"{h:>26}" for h in hops)
-                    + f" {cap:>6}")
+                    f"{r.tpot_ms['p50'] / step:>13.2f} " + " ".join(f"{x:>22}" for x in shown) + " "
+                    + " ".join(f"{h:>26}" for h in hops) + f" {cap:>6}")
     return "\n".join(rows)
 
 

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from radixserve.engine.config import (
     EAGER_PREFILL_ADMISSION_WAIT_MS,
@@ -33,6 +33,7 @@ from radixserve.engine.sampling.params import FinishReason, InvalidRequestError,
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.prefill_budget import PrefillBudget, keys_per_token
 from radixserve.engine.scheduler.scheduler import Scheduler
+from radixserve.engine.step_times import StepTimes
 from radixserve.engine.tp.launch import TPLeader, building
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class EngineCore:
         self._reqs: dict[str, Req] = {}
         self._in_flight: tuple[Batch, ForwardOutput] | None = None
         self._last_done = 0.0  # when the last step's outputs were read (time.perf_counter())
+        self.step_times = StepTimes()  # steps that decoded, as the streams saw them
         self._rng = random.Random(config.seed)
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
@@ -233,8 +235,10 @@ class EngineCore:
             self._apply_while_computing(batch, out, hook)
         out.wait()
         done = time.perf_counter()
-        self.scheduler.step_cost.observe(batch.decode_rows, batch.prefill_cost,
-                                         done - self._started(batch))
+        seconds = done - self._started(batch)
+        self.scheduler.step_cost.observe(batch.decode_rows, batch.prefill_cost, seconds)
+        if batch.decode_rows:
+            self.step_times.observe(batch.prefill_cost > 0, seconds)
         self._last_done = done
         if self.tp is not None:
             self.tp.check()  # a peer that died mid-step leaves results that must not be used
@@ -309,7 +313,7 @@ class EngineCore:
             self._grammars.close()
 
     # -- introspection --------------------------------------------------------------------------
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         sizes = self.cache.sizes()
         cost, ratio = self.scheduler.step_cost, self.config.mixed_step_ratio
         long_chunk = self.scheduler.long_prompt_chunk()
@@ -334,6 +338,7 @@ class EngineCore:
             # host time ModelRunner spent filling structured-output token masks, and its steps
             "grammar_mask_us_total": int(self.runner.grammar_mask_s * 1e6),
             "grammar_mask_steps_total": self.runner.grammar_mask_steps,
+            "step_seconds": self.step_times.snapshot(),  # engine/step_times.py
         }
 
     def check_integrity(self) -> None:

@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from radixserve.engine.step_times import BOUNDS
 
 
 class EngineStatsCollector(Collector):
@@ -66,6 +67,18 @@ class EngineStatsCollector(Collector):
             "(0: its chunks fill max_prefill_tokens)",
             s.get("long_prompt_chunk", 0),
         )
+        steps = HistogramMetricFamily(
+            "radixserve_engine_step_seconds",
+            "Engine steps that decoded, from the previous step's read to their own (the gap each "
+            "running stream saw); kind: mixed (they also prefilled) or decode",
+            labels=["kind"])
+        for kind, (counts, total) in s.get("step_seconds", {}).items():
+            running, buckets = 0, []
+            for bound, count in zip((*(f"{b:.6g}" for b in BOUNDS), "+Inf"), counts):
+                running += count
+                buckets.append((bound, running))
+            steps.add_metric([kind], buckets, total)
+        yield steps
         yield CounterMetricFamily(
             "radixserve_retractions",
             "Running requests sent back to the queue under KV pressure (outputs unchanged)",

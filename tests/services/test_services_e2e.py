@@ -253,6 +253,13 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert 4 <= plane["arrival_ms"]["count"] <= plane["handoff_ms"]["count"]
     assert 0 <= plane["handoff_ms"]["mean"] < timed.duration_s * 1e3
     assert "TPOT p50/step" in bench_serving.format_plane([timed])
+    # the engine's steps that decoded (each request decodes its last 3 tokens), none outside the
+    # level's steps, and each as long as the engine measured it
+    steps = round(timed.duration_s * 1e3 / plane["step_ms"])
+    decoded = plane["decode_step_ms"]["count"] + plane["mixed_step_ms"]["count"]
+    assert 3 <= decoded <= steps, (plane, steps)
+    assert 0 < plane["decode_step_ms"]["p50"] <= plane["decode_step_ms"]["p99"], plane
+    assert "decode share/p50/p99" in bench_serving.format_plane([timed])
     assert plane["prefill_cap"] == [0.0]  # one replica; on the CPU, steps with prefill are eager
 
 
@@ -314,6 +321,10 @@ def test_bench_abort_smoke(stack: Stack) -> None:
     assert result["ms"]["p50"] > 0 and result["step_ms"] > 0, table
     assert 0 <= result["steps"]["p50"] <= result["steps"]["max"], table
     assert "| engine steps |" in table
+    # every cancel is kept in order, with the channel that carried it
+    assert [e["channel"] for e in result["each"]] == [0, 0, 0, 0], result["each"]
+    assert max(e["steps"] for e in result["each"]) == result["steps"]["max"]
+    assert "over 2 steps" in table
 
 
 def test_two_gateways_share_the_public_port(tmp_path) -> None:

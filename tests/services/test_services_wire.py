@@ -308,3 +308,4 @@ def test_scheduler_exports_retractions_and_step_costs(stack: Stack) -> None:
     assert "# TYPE radixserve_decode_step_seconds gauge" in text
     assert "radixserve_mixed_prefill_cap 0.0" in text
     assert "radixserve_long_prompt_chunk 0.0" in text
+    assert "# TYPE radixserve_engine_step_seconds histogram" in text
