@@ -46,6 +46,12 @@ class EngineConfig:
     # usual one. None: GRAPHED_MIXED_STEP_RATIO where piecewise CUDA graphs run such steps, 0
     # elsewhere (an eager step's fixed host cost is better paid once); 0: off.
     mixed_step_ratio: float | None = None
+    # Under mixed_step_ratio, the prefill waiting (the running prompts' rest and the prompts the
+    # free slots can take) still enters within this many steps: a step that decodes takes what
+    # exceeds what the capped steps after it could, so a burst, or an offline queue, is not held
+    # behind the cap. Fewer: bursts enter sooner, in longer gaps; more: gaps nearer the ratio,
+    # first tokens later in a burst.
+    mixed_horizon_steps: int = 8
     # Where mixed_step_ratio is on, a prompt too long for one step, beside decoding streams, is
     # cut into chunks smaller than the step's budget, as small as keeps its prefill within this
     # share of the time its largest chunks would take (0.3: up to 30 % longer), so the gaps it
@@ -129,6 +135,8 @@ class EngineConfig:
                                                       or 1 < self.mixed_step_ratio < math.inf):
             raise ValueError("mixed_step_ratio must be 0 (off) or a number above 1, got "
                              f"{self.mixed_step_ratio}")
+        if self.mixed_horizon_steps < 1:
+            raise ValueError(f"mixed_horizon_steps must be >= 1, got {self.mixed_horizon_steps}")
         if not 0 <= self.long_prompt_slack < math.inf:
             raise ValueError("long_prompt_slack must be 0 (off) or more, got "
                              f"{self.long_prompt_slack}")

@@ -49,6 +49,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--prefill-budget", "prefill_budget", str),
     ("--mixed-prefill-tokens", "mixed_prefill_tokens", int),
     ("--mixed-step-ratio", "mixed_step_ratio", float),
+    ("--mixed-horizon-steps", "mixed_horizon_steps", int),
     ("--long-prompt-slack", "long_prompt_slack", float),
     ("--max-running-requests", "max_running_requests", int),
     ("--max-queued-requests", "max_queued_requests", int),

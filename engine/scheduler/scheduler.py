@@ -33,10 +33,6 @@ from radixserve.engine.scheduler.step_cost import StepCost
 from radixserve.engine.scheduler.waiting import WaitingQueue
 
 LPM_WINDOW = 128  # waiting requests scored per step under the longest-prefix-match policy
-# Under `mixed_step_ratio`, the prefill waiting (the running prompts' rest and the prompts the free
-# slots can take) still enters within this many steps: a step that decodes takes what exceeds
-# what the capped steps after it could, so a burst, or an offline queue, is not held behind the cap.
-MIXED_HORIZON_STEPS = 8
 
 
 class RunningSplit(NamedTuple):
@@ -158,7 +154,7 @@ class Scheduler:
         """The step's prefill budget: `max_prefill_tokens`, and where the step also decodes, at
         most `mixed_prefill_tokens` and what keeps it within `mixed_step_ratio` decode steps
         (step_cost.py), unless the prefill waiting needs more to enter within
-        MIXED_HORIZON_STEPS steps."""
+        `mixed_horizon_steps` steps."""
         c = self.config
         budget = float(c.max_prefill_tokens)
         if not decodes:
@@ -168,7 +164,7 @@ class Scheduler:
         cap = self.step_cost.prefill_within(c.mixed_step_ratio) if c.mixed_step_ratio else None
         if cap is None or cap >= budget:
             return budget
-        later = (MIXED_HORIZON_STEPS - 1) * cap  # what the capped steps after this one take
+        later = (c.mixed_horizon_steps - 1) * cap  # what the capped steps after this one take
         backlog = self._prefill_backlog(prefilling, later + budget)
         return min(budget, max(cap, backlog - later))
 

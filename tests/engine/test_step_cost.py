@@ -1,13 +1,12 @@
 """`mixed_step_ratio`: a step that decodes takes only the prefill that keeps it within that many
 decode steps, as the engine measures its own steps (scheduler/step_cost.py), unless the prefill
-waiting needs larger steps to enter within MIXED_HORIZON_STEPS."""
+waiting needs larger steps to enter within `mixed_horizon_steps`."""
 
 from __future__ import annotations
 
 import pytest
 from radixserve.engine import SamplingParams
 from radixserve.engine.config import GRAPHED_MIXED_STEP_RATIO, EngineConfig
-from radixserve.engine.scheduler.scheduler import MIXED_HORIZON_STEPS
 from radixserve.engine.scheduler.step_cost import WINDOW, StepCost
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
@@ -197,16 +196,19 @@ def test_an_arrival_beside_decoding_streams_is_chunked_to_the_cap(path, make_llm
     assert _run(plain, late=1)[1] == outputs and len(outputs["late0"]) == GREEDY.max_new_tokens
 
 
-def test_a_backlog_gets_steps_that_clear_it_within_the_horizon(path, make_llm):
+@pytest.mark.parametrize("horizon", [8, 12])
+def test_a_backlog_gets_steps_that_clear_it_within_the_horizon(path, make_llm, horizon):
     """Six arrivals of 40 tokens at once: at 8 a step they would wait 30 steps, so a step takes
-    what exceeds the cap of the MIXED_HORIZON_STEPS - 1 steps after it (within max_prefill_tokens),
-    and the last MIXED_HORIZON_STEPS - 1 take the cap."""
+    what exceeds the cap of the `mixed_horizon_steps` - 1 steps after it (within
+    max_prefill_tokens), and the last `mixed_horizon_steps` - 1 take the cap."""
     core = make_llm(path, max_prefill_tokens=64, page_size=4, max_running_requests=8,
-                    mixed_step_ratio=1.5).core
+                    mixed_step_ratio=1.5, mixed_horizon_steps=horizon).core
+    assert EngineConfig(path).mixed_horizon_steps == 8  # the default
     core.scheduler.step_cost = FixedCap(8)
     mixed, outputs = _run(core, late=6)
-    later = (MIXED_HORIZON_STEPS - 1) * 8
-    assert mixed == [64, 64, 6 * 40 - 128 - later] + [8] * (MIXED_HORIZON_STEPS - 1)
+    later = (horizon - 1) * 8
+    big = [64] * ((6 * 40 - later) // 64)  # the steps that take the whole budget
+    assert mixed == big + [6 * 40 - 64 * len(big) - later] + [8] * (horizon - 1)
     plain = make_llm(path, max_prefill_tokens=64, page_size=4, max_running_requests=8,
                      mixed_step_ratio=0).core
     assert _run(plain, late=6)[1] == outputs
