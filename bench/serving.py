@@ -18,6 +18,10 @@ The services' Prometheus endpoints (--launch: always; --target: --metrics) are r
 after each level, for the plane's own timing:
   step      the level's time / the engine steps each scheduler replica ran in it (mixed steps
             included), so TPOT ÷ step is what the plane adds to the engine's pace;
+  decode, mixed  the engine's steps that decoded (alone, or beside prefill) as the streams saw
+            them: their share and p50 / p99, the engine's part of the ITL tail;
+  gc        the garbage collector's pauses: ms a second in a scheduler / a gateway, and the
+            scheduler's p99 pause per generation;
   and how long after the scheduler had a step's outputs they were at each point on the way:
   received  the detokenizer received the step;   detokenized  it had detokenized it;
   arrival   a gateway received the step's deltas from the detokenizer;
@@ -139,6 +143,7 @@ class LevelResult:
 WARM_UP_TOKENS = 32
 PREFILL_CAP = "radixserve_mixed_prefill_cap"  # services/scheduler/metrics.py
 STEP_SECONDS = "radixserve_engine_step_seconds"  # engine/step_times.py, by kind
+GC_PAUSES = "radixserve_gc_pause_seconds"  # services/common/gc_pauses.py, by generation
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
         "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
         "arrival_ms": "radixserve_step_arrival_delay_seconds",
@@ -170,6 +175,16 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     # the steps that decoded: the engine's share of the inter-token gaps
     for kind in ("decode", "mixed"):
         out[f"{kind}_step_ms"] = observed_ms(before, after, STEP_SECONDS, (("kind", kind),))
+    # the garbage collector's pauses in the schedulers and in the gateways, per process
+    for role, pick in (("scheduler", True), ("gateway", False)):
+        pair = [Reading([e for e in r.endpoints if ((ENGINE_STEPS, ()) in e) == pick])
+                for r in (before, after)]
+        gens = [observed_ms(*pair, GC_PAUSES, (("generation", str(g)),)) for g in range(3)]
+        processes = len(pair[1].endpoints)
+        out[f"{role}_gc"] = {
+            "ms_per_s": sum(g["count"] * g["mean"] for g in gens if g["count"] > 0)
+            / max(1, processes) / duration_s,
+            "p99_ms": [g["p99"] for g in gens], "count": [g["count"] for g in gens]}
     # the prefill a step that decodes took at the level's end (mixed_step_ratio), each replica's
     out["prefill_cap"] = [e.get((PREFILL_CAP, ()), 0.0) for e in schedulers]
     return out
@@ -307,12 +322,16 @@ def format_plane(results: list[LevelResult]) -> str:
     steps = ("decode", "mixed")
     head = (f"{'conc':>5} {'rate':>6} {'step':>6} {'TPOT p50/step':>13} "
             + " ".join(f"{kind + ' share/p50/p99':>22}" for kind in steps) + " "
-            + " ".join(f"{name + ' mean/p50/p99':>26}" for name in names) + f" {'cap':>6}")
+            + " ".join(f"{name + ' mean/p50/p99':>26}" for name in names) + f" {'cap':>6}"
+            + f" {'gc ms/s':>9} {'gc p99 by gen':>15}")
     rows = ["the plane per level, ms (step: the level's time / engine steps; decode, mixed: the "
             "engine's steps that decoded, alone or beside prefill, as streams saw them (share of "
             "steps, quantiles within buckets 2^(1/3) apart); cap: each replica's prefill budget "
-            "of a step that decodes, at the level's end; the others: from the scheduler having a "
-            "step's outputs to each point on its way)", head, "-" * len(head)]
+            "of a step that decodes, at the level's end; gc: the garbage collector's pauses, ms "
+            "a second in a scheduler / a gateway, and the scheduler's p99 pause of each "
+            "generation; the others: from the scheduler having a step's outputs to each point "
+            "on its way)",
+            head, "-" * len(head)]
     for r in results:
         if not r.plane:
             continue
@@ -325,8 +344,18 @@ def format_plane(results: list[LevelResult]) -> str:
                  if counted and k.get("count") else "-" for k in kinds]
         rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} {step:>6.2f} "
                     f"{r.tpot_ms['p50'] / step:>13.2f} " + " ".join(f"{x:>22}" for x in shown) + " "
-                    + " ".join(f"{h:>26}" for h in hops) + f" {cap:>6}")
+                    + " ".join(f"{h:>26}" for h in hops) + f" {cap:>6} " + _format_gc(r.plane))
     return "\n".join(rows)
+
+
+def _format_gc(plane: dict[str, Any]) -> str:
+    """The plane table's gc columns of one level ("-" where the services export no pauses)."""
+    sched, gw = plane.get("scheduler_gc"), plane.get("gateway_gc")
+    if not sched:
+        return f"{'-':>9} {'-':>15}"
+    share = f"{sched['ms_per_s']:.1f}/{gw['ms_per_s']:.1f}" if gw else f"{sched['ms_per_s']:.1f}"
+    p99 = "/".join("-" if not n else f"{ms:.1f}" for ms, n in zip(sched["p99_ms"], sched["count"]))
+    return f"{share:>9} {p99:>15}"
 
 
 def format_report(results: list[LevelResult]) -> str:

@@ -11,6 +11,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from radixserve.services.common import gc_pauses
 from radixserve.services.gateway.types import ReplicaReport, StepTimes
 
 _LATENCY_BUCKETS = (
@@ -123,6 +124,7 @@ class GatewayMetrics:
             self.token_handoff.observe(max(0, time.time_ns() - step_unix_ns) / 1e9)
 
     def serve_http(self, port: int, host: str = "0.0.0.0") -> None:
+        gc_pauses.register(self.registry)  # a collection holds every stream's hand-off
         start_http_server(port, addr=host, registry=self.registry)
 
 

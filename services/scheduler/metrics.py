@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from radixserve.engine.step_times import BOUNDS
+from radixserve.services.common import gc_pauses
 
 
 class EngineStatsCollector(Collector):
@@ -89,4 +90,5 @@ class EngineStatsCollector(Collector):
 def serve_metrics(port: int, snapshot: Callable[[], dict[str, Any]], host: str = "0.0.0.0") -> None:
     registry = CollectorRegistry()
     registry.register(EngineStatsCollector(snapshot))
+    gc_pauses.register(registry)  # a collection holds the engine thread too
     start_http_server(port, addr=host, registry=registry)

@@ -260,6 +260,9 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert 3 <= decoded <= steps, (plane, steps)
     assert 0 < plane["decode_step_ms"]["p50"] <= plane["decode_step_ms"]["p99"], plane
     assert "decode share/p50/p99" in bench_serving.format_plane([timed])
+    # the garbage collector's pauses, read from the scheduler and the gateway apart (a level
+    # this short may make too little garbage for a collection)
+    assert plane["scheduler_gc"]["ms_per_s"] >= 0 and len(plane["gateway_gc"]["count"]) == 3
     assert plane["prefill_cap"] == [0.0]  # one replica; on the CPU, steps with prefill are eager
 
 

@@ -309,3 +309,4 @@ def test_scheduler_exports_retractions_and_step_costs(stack: Stack) -> None:
     assert "radixserve_mixed_prefill_cap 0.0" in text
     assert "radixserve_long_prompt_chunk 0.0" in text
     assert "# TYPE radixserve_engine_step_seconds histogram" in text
+    assert 'radixserve_gc_pause_seconds_count{generation="2"}' in text
