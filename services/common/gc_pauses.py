@@ -13,26 +13,25 @@ where it serves metrics.
 
 from __future__ import annotations
 
-import bisect
 import gc
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import HistogramMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Histogram
 
-BOUNDS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
-GENERATIONS = 3
+BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
 
-class _GcTimer(Collector):
+class _GcTimer:
     def __init__(self) -> None:
-        # generation -> collections per bucket of BOUNDS, then +Inf (not cumulative)
-        self._counts = [[0] * (len(BOUNDS) + 1) for _ in range(GENERATIONS)]
-        self._sums = [0.0] * GENERATIONS
+        # registry=None: registered in each registry that exports it (`register`)
+        self.histogram = Histogram(
+            "radixserve_gc_pause_seconds",
+            "Collections of Python's cyclic garbage collector in this process, by generation, "
+            "each as long as it held the interpreter",
+            ["generation"], buckets=BUCKETS, registry=None)
+        self._by_generation = [self.histogram.labels(generation=str(g)) for g in range(3)]
         self._started = 0.0
         gc.callbacks.append(self._on_collection)
 
@@ -40,23 +39,8 @@ class _GcTimer(Collector):
         # One collection runs at a time (it holds the interpreter): one start time suffices.
         if phase == "start":
             self._started = time.perf_counter()
-            return
-        seconds, generation = time.perf_counter() - self._started, info["generation"]
-        self._counts[generation][bisect.bisect_left(BOUNDS, seconds)] += 1
-        self._sums[generation] += seconds
-
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(
-            "radixserve_gc_pause_seconds",
-            "Collections of Python's cyclic garbage collector in this process, by generation, "
-            "each as long as it held the interpreter", labels=["generation"])
-        for generation, counts in enumerate(self._counts):
-            running, buckets = 0, []
-            for bound, count in zip((*map(str, BOUNDS), "+Inf"), list(counts)):
-                running += count
-                buckets.append((bound, running))
-            family.add_metric([str(generation)], buckets, self._sums[generation])
-        yield family
+        else:
+            self._by_generation[info["generation"]].observe(time.perf_counter() - self._started)
 
 
 _timer: _GcTimer | None = None
@@ -69,4 +53,4 @@ def register(registry: CollectorRegistry) -> None:
     with _lock:
         if _timer is None:
             _timer = _GcTimer()
-    registry.register(_timer)
+    registry.register(_timer.histogram)
