@@ -70,6 +70,7 @@ from radixserve.bench.workloads import (
     shared_prefix_work,
     warm_up_prompts,
 )
+from radixserve.engine.step_times import KINDS as STEP_KINDS  # the histogram's kind labels
 from radixserve.services.gateway.routing import ROUTING_POLICIES  # what `serve --routing` takes
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
@@ -173,7 +174,7 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     for key, histogram in HOPS.items():
         out[key] = observed_ms(before, after, histogram)
     # the steps that decoded: the engine's share of the inter-token gaps
-    for kind in ("decode", "mixed"):
+    for kind in STEP_KINDS:
         out[f"{kind}_step_ms"] = observed_ms(before, after, STEP_SECONDS, (("kind", kind),))
     # the garbage collector's pauses in the schedulers and in the gateways, per process
     for role, pick in (("scheduler", True), ("gateway", False)):
@@ -319,9 +320,8 @@ def format_plane(results: list[LevelResult]) -> str:
     if not any(r.plane for r in results):
         return ""
     names = [k.removesuffix("_ms") for k in HOPS]
-    steps = ("decode", "mixed")
     head = (f"{'conc':>5} {'rate':>6} {'step':>6} {'TPOT p50/step':>13} "
-            + " ".join(f"{kind + ' share/p50/p99':>22}" for kind in steps) + " "
+            + " ".join(f"{kind + ' share/p50/p99':>22}" for kind in STEP_KINDS) + " "
             + " ".join(f"{name + ' mean/p50/p99':>26}" for name in names) + f" {'cap':>6}"
             + f" {'gc ms/s':>9} {'gc p99 by gen':>15}")
     rows = ["the plane per level, ms (step: the level's time / engine steps; decode, mixed: the "
@@ -338,7 +338,7 @@ def format_plane(results: list[LevelResult]) -> str:
         step = r.plane["step_ms"]
         hops = ["/".join(f"{r.plane[k][q]:.1f}" for q in ("mean", "p50", "p99")) for k in HOPS]
         cap = ",".join(f"{c:.0f}" for c in r.plane.get("prefill_cap", ())) or "-"
-        kinds = [r.plane.get(f"{kind}_step_ms", {}) for kind in steps]
+        kinds = [r.plane.get(f"{kind}_step_ms", {}) for kind in STEP_KINDS]
         counted = sum(k.get("count", 0.0) for k in kinds)
         shown = [f"{k['count'] / counted:.2f}/{k['p50']:.1f}/{k['p99']:.1f}"
                  if counted and k.get("count") else "-" for k in kinds]
