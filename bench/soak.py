@@ -12,7 +12,9 @@ or queued, kv_pages_free + kv_pages_evictable == kv_pages_total, no live request
 or the detokenizer), and the RSS and open files of each service are compared with the start
 (known with --launch, or --serve-pid of a running `radixserve serve`). During the load each
 service's RSS is sampled every --rss-every seconds; its growth is the least-squares slope over the
-samples after --warmup, and --max-rss-growth fails the run when a service grows faster.
+samples after --warmup, and --max-rss-growth fails the run when a service grows faster. --json
+keeps every sample and, per interval, the TTFT median beside them: a queue that deepened for a
+while grows a heap as well as a leak does, and only the series tells the two apart.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import collections
 import json
 import math
 import random
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -89,6 +92,11 @@ class SoakResult:
     invariant_ok: bool = False
     processes: dict[str, dict[str, float]] = field(default_factory=dict)
     rss_growth: dict[str, dict[str, float]] = field(default_factory=dict)  # RssSeries.growth
+    # every sample behind the fit, per service: (seconds since the load began, RSS in MiB)
+    rss_series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # the queue beside it, per --rss-every interval: (interval start s, normal requests that saw
+    # their first token in it, their TTFT p50 ms); a deeper queue grows heaps without a leak
+    ttft_series: list[tuple[float, int, float]] = field(default_factory=list)
     too_fast: list[str] = field(default_factory=list)  # services above max_rss_growth_pct
     duration_s: float = 0.0
 
@@ -110,7 +118,8 @@ class _Soak:
         self.context = context
         self.result = SoakResult()
         self.statuses: collections.Counter[str] = collections.Counter()
-        self.ttft: list[float] = []
+        self.ttft: list[float] = []  # seconds, normal requests that finished OK
+        self.first_at: list[float] = []  # when each of `ttft`'s first tokens came, monotonic
 
     def _request(self, rng: random.Random, kind: str) -> tuple[pb.GenerateRequest, int]:
         n_in = rng.randint(*self.cfg.input_len)
@@ -154,10 +163,11 @@ class _Soak:
             code = grpc.StatusCode.CANCELLED  # grpc.aio raises this for a call we cancelled
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
-        self._record(kind, code, tokens, n_out, None if first is None else first - t0)
+        self._record(kind, code, tokens, n_out, t0, first)
 
     def _record(self, kind: str, code: grpc.StatusCode, tokens: int, n_out: int,
-                ttft: float | None) -> None:
+                t0: float, first: float | None) -> None:
+        """`t0`, `first`: monotonic seconds of the call and of its first token (None: none came)."""
         r = self.result
         r.requests += 1
         r.output_tokens += tokens
@@ -172,8 +182,17 @@ class _Soak:
                 r.exact += 1
             else:
                 r.wrong_count += 1
-            if ttft is not None:
-                self.ttft.append(ttft)
+            if first is not None:
+                self.ttft.append(first - t0)
+                self.first_at.append(first)
+
+    def ttft_series(self, start: float, every_s: float) -> list[tuple[float, int, float]]:
+        """The normal requests' TTFT p50 per `every_s` interval since `start` (SoakResult)."""
+        buckets: dict[int, list[float]] = collections.defaultdict(list)
+        for at, ttft in zip(self.first_at, self.ttft):
+            buckets[int((at - start) // every_s)].append(ttft)
+        return [(i * every_s, len(v), 1000 * statistics.median(v))
+                for i, v in sorted(buckets.items())]
 
     async def _client(self, index: int, deadline: float) -> None:
         rng = random.Random(self.cfg.seed * 100003 + index)
@@ -208,7 +227,8 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
         result = soak.result
         result.duration_s = time.monotonic() - start
         result.statuses = dict(sorted(soak.statuses.items()))
-        result.ttft_ms = percentiles(soak.ttft)  # already in ms
+        result.ttft_ms = percentiles(soak.ttft)
+        result.ttft_series = soak.ttft_series(start, cfg.rss_every_s)
         result.invariant_ok, result.idle_info = await wait_idle(stub, 30.0)
     finally:
         for channel in channels:
@@ -216,6 +236,7 @@ async def run(cfg: SoakConfig, serve_pid: int | None = None) -> SoakResult:
     now = service_pids(serve_pid) if serve_pid else {}  # recycled gateways: their new pids
     result.processes = process_changes({n: p for n, p in now.items() if n in before}, before)
     result.rss_growth = series.growth()
+    result.rss_series = series.samples
     limit = cfg.max_rss_growth_pct
     result.too_fast = [] if limit is None else [
         name for name, g in result.rss_growth.items() if g["pct_per_h"] > limit]

@@ -63,6 +63,19 @@ def test_a_service_above_the_limit_fails_the_run() -> None:
         soak.SoakConfig("x", rss_every_s=0)
 
 
+def test_the_queue_beside_the_rss_is_each_intervals_ttft_median() -> None:
+    """The TTFT series tells a deeper queue (which grows heaps for a while) from a leak: each
+    --rss-every interval gets the median TTFT of the requests whose first token came in it."""
+    load = soak._Soak(soak.SoakConfig("x"), [], vocab=100, context=64)
+    ok = soak.grpc.StatusCode.OK
+    for t0, first in [(100.0, 100.5), (130.0, 130.1), (150.0, 161.0), (170.0, 185.0)]:
+        load._record("normal", ok, 3, 3, t0, first)
+    load._record("normal", ok, 0, 3, 190.0, None)  # no first token: counted, not in the series
+    load._record("cancel", ok, 1, 3, 190.0, 190.2)  # only normal requests measure the queue
+    assert load.ttft_series(start=100.0, every_s=60.0) == [
+        (0.0, 2, pytest.approx(300.0)), (60.0, 2, pytest.approx(13000.0))]
+
+
 def test_a_recycled_gateway_is_followed_to_its_new_process_under_its_own_name(tmp_path) -> None:
     """`serve` names a gateway with a probe socket after it; the sampler looks the pids up at
     every sample, so the series of gateway-1 goes on in the process that replaced it."""

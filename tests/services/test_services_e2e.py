@@ -306,6 +306,10 @@ def test_bench_soak_smoke(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None
     # every service sampled through the load, a growth fitted to the samples after the warm-up
     assert set(result.rss_growth) == set(SERVICES), table
     assert all(g["samples"] >= 5 and g["rss_min_mib"] > 0 for g in result.rss_growth.values())
+    # the samples behind each fit, and the queue beside them, for a reader of the JSON
+    assert all(len(result.rss_series[name]) >= g["samples"]
+               for name, g in result.rss_growth.items())
+    assert sum(n for _, n, _ in result.ttft_series) == result.exact, result.ttft_series
     assert "growth (%/h)" in table and not result.too_fast
 
 
