@@ -70,6 +70,7 @@ from radixserve.bench.workloads import (
     shared_prefix_work,
     warm_up_prompts,
 )
+from radixserve.engine.step_times import HOST_PHASES
 from radixserve.engine.step_times import KINDS as STEP_KINDS  # the histogram's kind labels
 from radixserve.services.gateway.routing import ROUTING_POLICIES  # what `serve --routing` takes
 from radixserve.v1 import generate_pb2 as pb
@@ -144,6 +145,7 @@ class LevelResult:
 WARM_UP_TOKENS = 32
 PREFILL_CAP = "radixserve_mixed_prefill_cap"  # services/scheduler/metrics.py
 STEP_SECONDS = "radixserve_engine_step_seconds"  # engine/step_times.py, by kind
+HOST_SECONDS = "radixserve_engine_host_seconds"  # engine/step_times.py, by phase
 GC_PAUSES = "radixserve_gc_pause_seconds"  # services/common/gc_pauses.py, by generation
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
         "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
@@ -176,6 +178,9 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     # the steps that decoded: the engine's share of the inter-token gaps
     for kind in STEP_KINDS:
         out[f"{kind}_step_ms"] = observed_ms(before, after, STEP_SECONDS, (("kind", kind),))
+    # the engine thread's phases of each step call: the one a late step spent its time in
+    out["host_ms"] = {phase: observed_ms(before, after, HOST_SECONDS, (("phase", phase),))
+                      for phase in HOST_PHASES}
     # the garbage collector's pauses in the schedulers and in the gateways, per process
     for role, pick in (("scheduler", True), ("gateway", False)):
         pair = [Reading([e for e in r.endpoints if ((ENGINE_STEPS, ()) in e) == pick])
@@ -348,6 +353,26 @@ def format_plane(results: list[LevelResult]) -> str:
     return "\n".join(rows)
 
 
+def format_host(results: list[LevelResult]) -> str:
+    """Each level's engine-thread phases (plane_timing's host_ms). Empty when none were read."""
+    if not any(r.plane.get("host_ms") for r in results):
+        return ""
+    head = f"{'conc':>5} {'rate':>6} " + " ".join(f"{p + ' mean/p50/p99':>25}"
+                                                  for p in HOST_PHASES)
+    rows = ["the engine thread per step call and level, ms (engine/step_times.py: loop between "
+            "two calls, schedule, launch, the commands after it, wait for the device, process "
+            "the outputs; quantiles within buckets 2^(1/3) apart)", head, "-" * len(head)]
+    for r in results:
+        phases = r.plane.get("host_ms")
+        if not phases:
+            continue
+        cells = ["/".join(f"{phases[p][q]:.2f}" for q in ("mean", "p50", "p99"))
+                 if phases[p]["count"] > 0 else "-" for p in HOST_PHASES]
+        rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} "
+                    + " ".join(f"{c:>25}" for c in cells))
+    return "\n".join(rows)
+
+
 def _format_gc(plane: dict[str, Any]) -> str:
     """The plane table's gc columns of one level ("-" where the services export no pauses)."""
     sched, gw = plane.get("scheduler_gc"), plane.get("gateway_gc")
@@ -362,7 +387,7 @@ def format_report(results: list[LevelResult]) -> str:
     """The table, each service's CPU (a --launch'ed stack), the plane's timing (metrics read),
     then each level's replicas when the server reports any."""
     parts = [format_table(results)]
-    for table in (format_cores(results), format_plane(results)):
+    for table in (format_cores(results), format_plane(results), format_host(results)):
         if table:
             parts.append(f"\n{table}")
     for r in results:

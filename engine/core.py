@@ -33,7 +33,7 @@ from radixserve.engine.sampling.params import FinishReason, InvalidRequestError,
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.prefill_budget import PrefillBudget, keys_per_token
 from radixserve.engine.scheduler.scheduler import Scheduler
-from radixserve.engine.step_times import StepTimes
+from radixserve.engine.step_times import HostTimes, StepTimes
 from radixserve.engine.tp.launch import TPLeader, building
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,8 @@ class EngineCore:
         self._in_flight: tuple[Batch, ForwardOutput] | None = None
         self._last_done = 0.0  # when the last step's outputs were read (time.perf_counter())
         self.step_times = StepTimes()  # steps that decoded, as the streams saw them
+        self.host_times = HostTimes()  # the engine thread's phases of each step call
+        self._busy_since: float | None = None  # the end of the last step call that left work
         self._rng = random.Random(config.seed)
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
@@ -193,21 +195,34 @@ class EngineCore:
         go to steps launched later on the same stream, so no kernel still reading them is
         overtaken."""
         scheduled_at = time.perf_counter()
+        host = self.host_times
+        if self._busy_since is not None:
+            host.observe("loop", scheduled_at - self._busy_since)
         batch = self.scheduler.schedule()
         if batch is not None:
             batch.scheduled_at = scheduled_at
+            host.observe("schedule", time.perf_counter() - scheduled_at)
         if batch is not None and self.tp is not None:
             # Every rank samples, but only this one has grammar state: the plan carries the mask.
             batch.grammar = fill_grammar_mask([r.grammar for r, s in zip(batch.reqs, batch.sample)
                                                if s], self.args.vocab_size)
             self.tp.send_plan(batch, self.runner.table)
-        launched = (batch, self.runner.forward(batch)) if batch is not None else None
+        launched = None
+        if batch is not None:
+            launch_at = time.perf_counter()
+            launched = (batch, self.runner.forward(batch))
+            host.observe("launch", time.perf_counter() - launch_at)
         if launched_hook is not None:
+            hook_at = time.perf_counter()
             launched_hook()
+            host.observe("commands", time.perf_counter() - hook_at)
         if not self.config.overlap:
-            return self._process(*launched, launched_hook) if launched else []
-        previous, self._in_flight = self._in_flight, launched
-        return self._process(*previous, launched_hook) if previous else []
+            outputs = self._process(*launched, launched_hook) if launched else []
+        else:
+            previous, self._in_flight = self._in_flight, launched
+            outputs = self._process(*previous, launched_hook) if previous else []
+        self._busy_since = time.perf_counter() if self.has_work() else None
+        return outputs
 
     def _started(self, batch: Batch) -> float:
         """When the device began `batch`: when the step before it was read, or when it was
@@ -231,14 +246,16 @@ class EngineCore:
 
     def _process(self, batch: Batch, out: ForwardOutput,
                  hook: Callable[..., None] | None = None) -> list[StepOutput]:
+        wait_at = time.perf_counter()
         if hook is not None:
             self._apply_while_computing(batch, out, hook)
         out.wait()
         done = time.perf_counter()
+        self.host_times.observe("wait", done - wait_at)
         seconds = done - self._started(batch)
         self.scheduler.step_cost.observe(batch.decode_rows, batch.prefill_cost, seconds)
         if batch.decode_rows:
-            self.step_times.observe(batch.prefill_cost > 0, seconds)
+            self.step_times.observe_step(batch.prefill_cost > 0, seconds)
         self._last_done = done
         if self.tp is not None:
             self.tp.check()  # a peer that died mid-step leaves results that must not be used
@@ -262,6 +279,7 @@ class EngineCore:
                 logprobs = self._logprobs(out, j, req)
             results.append(StepOutput(req.rid, [token], logprobs, reason, req.matched_stop_token,
                                       req.prompt_len, req.matched_len))
+        self.host_times.observe("process", time.perf_counter() - done)
         return results
 
     def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
@@ -339,6 +357,7 @@ class EngineCore:
             "grammar_mask_us_total": int(self.runner.grammar_mask_s * 1e6),
             "grammar_mask_steps_total": self.runner.grammar_mask_steps,
             "step_seconds": self.step_times.snapshot(),  # engine/step_times.py
+            "host_seconds": self.host_times.snapshot(),
         }
 
     def check_integrity(self) -> None:

@@ -1,39 +1,71 @@
-"""How long the engine's steps that decode took, as counts in fixed buckets.
+"""How long the engine's steps took, and the host's part of each, as counts in fixed buckets.
 
-A step that decodes is the gap every running stream sees between two of its tokens, so these
-counts are the engine's share of the inter-token latency a client measures; the rest is the
-plane's (scheduler -> detokenizer -> gateway -> client). Steps are kept apart by whether they
+Step times: a step that decodes is the gap every running stream sees between two of its tokens,
+so these counts are the engine's share of the inter-token latency a client measures; the rest is
+the plane's (scheduler -> detokenizer -> gateway -> client). Steps are kept apart by whether they
 also carried prefill (`mixed`: the steps `mixed_step_ratio` bounds) or only decoded (`decode`);
-steps that only prefill are no stream's gap and are not counted. The serving benchmark reads the
-buckets before and after a level (as a Prometheus histogram, services/scheduler/metrics.py) and
-sets the step quantiles beside the inter-token ones.
+steps that only prefill are no stream's gap and are not counted. A step's time is the one
+StepCost learns from: from the later of the previous step's read and this step's scheduling to
+the read of its outputs (EngineCore._process).
 
-A step's time is the one StepCost learns from: from the later of the previous step's read and
-this step's scheduling to the read of its outputs (EngineCore._process).
+Host phases: what the engine thread did in each EngineCore.step call, so a step that came late
+can be put down to a phase (HOST_PHASES). With overlap a step costs max(host, device); a decode
+step whose p99 is twice its p50 while `wait` is near 0 has a host phase that is late as often.
+
+The serving benchmark reads both before and after a level (as Prometheus histograms,
+services/scheduler/metrics.py) and sets their quantiles beside the inter-token ones.
 """
 
 from __future__ import annotations
 
 import bisect
 
-# Upper bounds, seconds: a ratio of 2^(1/3) from 1 ms to 1.02 s (then +Inf), so a quantile read
-# linearly within its bucket is off by at most a quarter of the value.
-BOUNDS: tuple[float, ...] = tuple(0.001 * 2 ** (k / 3) for k in range(31))
+
+def geometric_bounds(first_s: float, count: int) -> tuple[float, ...]:
+    """`count` upper bounds, seconds, a ratio of 2^(1/3) apart from `first_s` (then +Inf), so a
+    quantile read linearly within its bucket is off by at most a quarter of the value."""
+    return tuple(first_s * 2 ** (k / 3) for k in range(count))
+
+
+BOUNDS = geometric_bounds(0.001, 31)  # steps: 1 ms to 1.02 s
 KINDS = ("decode", "mixed")
+HOST_BOUNDS = geometric_bounds(0.00002, 40)  # host phases: 20 us to 164 ms
+# loop: between two step calls (the serving loop publishes the outputs, applies commands);
+# schedule: Scheduler.schedule; launch: the forward's host side, up to the device's queue;
+# commands: the commands applied right after the launch; wait: for the previous step's outputs
+# (commands that come meanwhile applied in it); process: appending the tokens, finishing requests
+HOST_PHASES = ("loop", "schedule", "launch", "commands", "wait", "process")
 
 
-class StepTimes:
-    def __init__(self) -> None:
-        # kind -> count per bucket, the last one +Inf (not cumulative)
-        self._counts = {kind: [0] * (len(BOUNDS) + 1) for kind in KINDS}
-        self._sums = dict.fromkeys(KINDS, 0.0)
+class TimeHistogram:
+    """Seconds counted per label in the buckets of `bounds` (the engine thread's own record:
+    the stats snapshot hands a copy to the metrics thread)."""
 
-    def observe(self, prefill: bool, seconds: float) -> None:
-        """A step that decoded (beside `prefill` or not) took `seconds`."""
-        kind = "mixed" if prefill else "decode"
-        self._counts[kind][bisect.bisect_left(BOUNDS, seconds)] += 1
-        self._sums[kind] += seconds
+    def __init__(self, labels: tuple[str, ...], bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        # label -> count per bucket, the last one +Inf (not cumulative)
+        self._counts = {label: [0] * (len(bounds) + 1) for label in labels}
+        self._sums = dict.fromkeys(labels, 0.0)
+
+    def observe(self, label: str, seconds: float) -> None:
+        self._counts[label][bisect.bisect_left(self.bounds, seconds)] += 1
+        self._sums[label] += seconds
 
     def snapshot(self) -> dict[str, tuple[tuple[int, ...], float]]:
-        """kind -> (count per bucket of BOUNDS then +Inf, not cumulative; sum of seconds)."""
-        return {kind: (tuple(counts), self._sums[kind]) for kind, counts in self._counts.items()}
+        """label -> (count per bucket of the bounds then +Inf, not cumulative; sum of seconds)."""
+        return {label: (tuple(counts), self._sums[label])
+                for label, counts in self._counts.items()}
+
+
+class StepTimes(TimeHistogram):
+    def __init__(self) -> None:
+        super().__init__(KINDS, BOUNDS)
+
+    def observe_step(self, prefill: bool, seconds: float) -> None:
+        """A step that decoded (beside `prefill` or not) took `seconds`."""
+        self.observe("mixed" if prefill else "decode", seconds)
+
+
+class HostTimes(TimeHistogram):
+    def __init__(self) -> None:
+        super().__init__(HOST_PHASES, HOST_BOUNDS)

@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
-from radixserve.engine.step_times import BOUNDS
+from radixserve.engine.step_times import BOUNDS, HOST_BOUNDS
 from radixserve.services.common import gc_pauses
 
 
@@ -68,23 +68,34 @@ class EngineStatsCollector(Collector):
             "(0: its chunks fill max_prefill_tokens)",
             s.get("long_prompt_chunk", 0),
         )
-        steps = HistogramMetricFamily(
+        yield _histogram(
             "radixserve_engine_step_seconds",
             "Engine steps that decoded, from the previous step's read to their own (the gap each "
             "running stream saw); kind: mixed (they also prefilled) or decode",
-            labels=["kind"])
-        for kind, (counts, total) in s.get("step_seconds", {}).items():
-            running, buckets = 0, []
-            for bound, count in zip((*(f"{b:.6g}" for b in BOUNDS), "+Inf"), counts):
-                running += count
-                buckets.append((bound, running))
-            steps.add_metric([kind], buckets, total)
-        yield steps
+            "kind", BOUNDS, s.get("step_seconds", {}))
+        yield _histogram(
+            "radixserve_engine_host_seconds",
+            "The engine thread's time in each phase of a step: loop (between steps), schedule, "
+            "launch, commands, wait (for the device), process",
+            "phase", HOST_BOUNDS, s.get("host_seconds", {}))
         yield CounterMetricFamily(
             "radixserve_retractions",
             "Running requests sent back to the queue under KV pressure (outputs unchanged)",
             s.get("retractions_total", 0),
         )
+
+
+def _histogram(name: str, doc: str, label: str, bounds: tuple[float, ...],
+               snapshot: dict[str, tuple[tuple[int, ...], float]]) -> HistogramMetricFamily:
+    """A TimeHistogram's snapshot (engine/step_times.py) as a Prometheus histogram."""
+    family = HistogramMetricFamily(name, doc, labels=[label])
+    for value, (counts, total) in snapshot.items():
+        running, buckets = 0, []
+        for bound, count in zip((*(f"{b:.6g}" for b in bounds), "+Inf"), counts):
+            running += count
+            buckets.append((bound, running))
+        family.add_metric([value], buckets, total)
+    return family
 
 
 def serve_metrics(port: int, snapshot: Callable[[], dict[str, Any]], host: str = "0.0.0.0") -> None:

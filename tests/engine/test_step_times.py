@@ -1,25 +1,31 @@
 """The engine's step-time histogram: each step that decoded lands in its bucket and kind, and the
-scheduler exports the counts as a cumulative Prometheus histogram the serving bench can read."""
+scheduler exports the counts as a cumulative Prometheus histogram the serving bench can read. The
+host phases of each step call likewise, counted by a running engine."""
+
+import time
+
+import pytest
 
 from prometheus_client import CollectorRegistry, generate_latest
 from radixserve.bench.prometheus import Reading, observed_ms, parse
-from radixserve.engine.step_times import BOUNDS, StepTimes
+from radixserve.engine import SamplingParams
+from radixserve.engine.step_times import BOUNDS, HOST_PHASES, StepTimes
 from radixserve.services.scheduler.metrics import EngineStatsCollector
 
 
-def _reading(times: StepTimes) -> Reading:
-    """One scrape of a scheduler whose engine kept `times`."""
+def _reading(stats: dict) -> Reading:
+    """One scrape of a scheduler whose engine's stats are `stats`."""
     registry = CollectorRegistry()
-    registry.register(EngineStatsCollector(lambda: {"step_seconds": times.snapshot()}))
+    registry.register(EngineStatsCollector(lambda: stats))
     return Reading([parse(generate_latest(registry).decode())])
 
 
 def test_steps_land_in_their_bucket_and_kind() -> None:
     times = StepTimes()
-    times.observe(False, 0.0071)
-    times.observe(False, 0.0069)
-    times.observe(True, 0.0105)
-    times.observe(True, 5.0)  # beyond the last bound: +Inf
+    times.observe_step(False, 0.0071)
+    times.observe_step(False, 0.0069)
+    times.observe_step(True, 0.0105)
+    times.observe_step(True, 5.0)  # beyond the last bound: +Inf
     decode, mixed = times.snapshot()["decode"], times.snapshot()["mixed"]
     assert sum(decode[0]) == 2 and abs(decode[1] - 0.014) < 1e-12
     i = next(k for k, b in enumerate(BOUNDS) if b >= 0.0071)
@@ -29,14 +35,14 @@ def test_steps_land_in_their_bucket_and_kind() -> None:
 
 def test_the_bench_reads_each_kind_between_two_scrapes() -> None:
     times = StepTimes()
-    times.observe(False, 0.1)  # before the level: not counted
-    before = _reading(times)
+    times.observe_step(False, 0.1)  # before the level: not counted
+    before = _reading({"step_seconds": times.snapshot()})
     for _ in range(99):
-        times.observe(False, 0.007)
-    times.observe(False, 0.030)
+        times.observe_step(False, 0.007)
+    times.observe_step(False, 0.030)
     for _ in range(10):
-        times.observe(True, 0.012)
-    after = _reading(times)
+        times.observe_step(True, 0.012)
+    after = _reading({"step_seconds": times.snapshot()})
     decode = observed_ms(before, after, "radixserve_engine_step_seconds", (("kind", "decode"),))
     mixed = observed_ms(before, after, "radixserve_engine_step_seconds", (("kind", "mixed"),))
     assert decode["count"] == 100 and mixed["count"] == 10
@@ -44,3 +50,26 @@ def test_the_bench_reads_each_kind_between_two_scrapes() -> None:
     # quantiles within a bucket whose bounds are 2^(1/3) apart: within a quarter of the value
     assert 7 / 1.26 <= decode["p50"] <= 7 * 1.26 and 12 / 1.26 <= mixed["p99"] <= 12 * 1.26
     assert 7 / 1.26 <= decode["p99"] <= 30 * 1.26
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_running_engine_times_each_phase_of_its_step_calls(ckpt, make_llm, overlap) -> None:
+    core = make_llm(ckpt("qwen3"), overlap=overlap).core
+    params = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
+    for i in range(3):
+        core.add_request(f"r{i}", [3 + i, 9, 27, 81], params)
+    calls, commands = 0, []
+    while core.has_work():
+        core.step(lambda wait_s=0.0: commands.append(time.sleep(0.002)) if not wait_s else None)
+        calls += 1
+    host = core.stats()["host_seconds"]
+    count = {phase: sum(host[phase][0]) for phase in HOST_PHASES}
+    # with overlap the first call only launches and the last only reads the step before it
+    assert count["schedule"] == count["launch"] == calls - overlap
+    assert count["wait"] == count["process"] == calls - overlap
+    assert count["commands"] == calls and host["commands"][1] >= 0.002 * calls
+    assert count["loop"] == calls - 1  # between calls while work was left: not after the last
+    # exported by phase, as the serving bench reads it
+    reading = _reading(core.stats())
+    assert reading.total("radixserve_engine_host_seconds_count", (("phase", "launch"),)) == (
+        count["launch"])

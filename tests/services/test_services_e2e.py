@@ -260,6 +260,10 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert 3 <= decoded <= steps, (plane, steps)
     assert 0 < plane["decode_step_ms"]["p50"] <= plane["decode_step_ms"]["p99"], plane
     assert "decode share/p50/p99" in bench_serving.format_plane([timed])
+    # the engine thread's phases: a launch and a read for each of those steps, the level's own
+    host = plane["host_ms"]
+    assert decoded <= host["launch"]["count"] <= steps + 1 and host["wait"]["count"] >= decoded
+    assert "launch mean/p50/p99" in bench_serving.format_host([timed])
     # the garbage collector's pauses, read from the scheduler and the gateway apart (a level
     # this short may make too little garbage for a collection)
     assert plane["scheduler_gc"]["ms_per_s"] >= 0 and len(plane["gateway_gc"]["count"]) == 3
