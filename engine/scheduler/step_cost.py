@@ -40,6 +40,11 @@ That bound is a prompt's own: where several long prompts are pending, the schedu
 step one chunk for each (`Scheduler._long_share`), so a queue of them cannot outgrow what the
 steps clear.
 
+Where the fixed cost alone breaks the ratio (a host too slow for a mixed step's launches makes
+such a step as long at any prefill), c would shrink the cap step after step, and no cap keeps the
+ratio there: the cap is then no smaller than what a step's fixed part amortizes
+(`prefill_within`).
+
 Measuring a step: with overlap, the engine reads step N's outputs after it launched step N + 1,
 so the device ran N between the moment N - 1's outputs were read (or N was scheduled, if later:
 the engine was idle) and the moment N's are. A step the host made late counts at its length as
@@ -68,6 +73,9 @@ class StepCost:
         self._per_unit_s: float | None = None  # c
         self._fixed_s, self._slope_s = 0.0, 0.0  # f, c'
         self._fitted_slope: float | None = None  # c' from the last samples of spread sizes
+        # the largest prefill of the window when its spread sizes last took no longer than its
+        # small ones (the host bounds those steps, not the prefill); None once a slope shows
+        self._free_up_to: float | None = None
 
     def observe(self, decode_rows: int, prefill: float, seconds: float) -> None:
         """Learn from one step: `decode_rows` running requests decoded, `prefill` units of
@@ -92,8 +100,11 @@ class StepCost:
         by_size = sorted(self._mixed)
         slopes = [(e2 - e1) / (p2 - p1) for i, (p1, e1) in enumerate(by_size)
                   for p2, e2 in by_size[i + 1:] if p2 >= SLOPE_SPREAD * p1]
-        if slopes and (slope := median(slopes)) > 0:
-            self._fitted_slope = slope
+        slope = median(slopes) if slopes else None
+        if slope is not None and slope <= 0:
+            self._free_up_to = by_size[-1][0]
+        elif slope is not None:
+            self._fitted_slope, self._free_up_to = slope, None
         if self._fitted_slope is None:
             self._fixed_s, self._slope_s = 0.0, self._per_unit_s
             return
@@ -128,10 +139,24 @@ class StepCost:
 
     def prefill_within(self, ratio: float) -> float | None:
         """The prefill budget that keeps a step that decodes within `ratio` decode steps; None
-        until both costs are known (until then the first admissions teach them)."""
+        until both costs are known (until then the first admissions teach them).
+
+        Where the fixed cost alone breaks the ratio (f >= (ratio - 1) * d: a step with prefill
+        on a host too slow for its launches), no budget keeps it and a smaller one only makes
+        more such steps: c, which counts f in every unit, would shrink the budget step after
+        step. The budget is then at least f / c' (each step's prefill costs no more than its
+        fixed part), or, where steps of twofold prefills took the same, twice the largest of
+        them (prefill that rides free under the host's time, until the device's shows). Never
+        under MIN_PREFILL_SAMPLE, below which the steps would teach the costs nothing more."""
         if self._decode_s is None or self._per_unit_s is None:
             return None
-        return max(1.0, (ratio - 1) * self._decode_s / self._per_unit_s)
+        allowance = (ratio - 1) * self._decode_s
+        cap = allowance / self._per_unit_s
+        if self._free_up_to is not None:
+            cap = max(cap, 2 * self._free_up_to)
+        elif self._fitted_slope is not None and self._fixed_s >= allowance:
+            cap = max(cap, self._fixed_s / self._slope_s)
+        return max(MIN_PREFILL_SAMPLE, cap)
 
     def chunk_within_slack(self, largest: float, slack: float) -> float | None:
         """The smallest chunk of a long prompt beside decodes that keeps its prefill within

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from radixserve.engine import SamplingParams
 from radixserve.engine.config import GRAPHED_MIXED_STEP_RATIO, EngineConfig
-from radixserve.engine.scheduler.step_cost import WINDOW, StepCost
+from radixserve.engine.scheduler.step_cost import MIN_PREFILL_SAMPLE, WINDOW, StepCost
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
 MS = 1e-3
@@ -103,11 +103,43 @@ def test_a_wrong_start_is_outvoted_by_the_steps_after_it():
     cost.observe(64, 0, 10 * MS)
     for _ in range(3):
         cost.observe(64, 500, 500 * MS)
-    assert cost.prefill_within(1.5) < 6
+    # (0.5 * 10 ms) / 1 ms a token = 5, floored where a step still teaches the costs
+    assert cost.prefill_within(1.5) == MIN_PREFILL_SAMPLE
     for _ in range(WINDOW // 2 + 1):
         cost.observe(64, 0, 10 * MS)
         cost.observe(64, 400, 18 * MS)
     assert cost.prefill_within(1.5) == pytest.approx(250)
+
+
+def test_a_fixed_cost_over_the_allowance_gets_chunks_that_outweigh_it():
+    """A mixed step that pays 8 ms of fixed cost beside a 10-ms decode step breaks a ratio of
+    1.5 at any prefill; smaller chunks would only make more of those steps. Each chunk then costs
+    as much as the fixed part: 8 ms / 0.02 ms a token."""
+    cost = _taught(10 * MS, 0.02 * MS, fixed_s=8 * MS, sizes=(40, 100, 400, 1000, 160))
+    assert cost.line == pytest.approx((8 * MS, 0.02 * MS))
+    assert cost.prefill_within(1.5) == pytest.approx(400)
+    # within the allowance of 20 ms, the ratio's cap as before
+    assert cost.prefill_within(3.0) == pytest.approx(20 * MS / cost.per_unit_s)
+
+
+def test_a_host_bound_mixed_step_does_not_shrink_the_cap_step_after_step():
+    """A host too slow for a mixed step's launches (7 ms, against a 3.6-ms decode step and a
+    device that would take 2 us a prompt token) makes the step as long at every prefill. Counted
+    per unit, that cost shrank the cap after every step, to where steps taught nothing more: each
+    512-token arrival then entered over many long steps. The cap now keeps the prompts whole."""
+    cost, prefill, caps = StepCost(), 512.0, []
+    for _ in range(20 * WINDOW):
+        cost.observe(128, 0, 3.6 * MS)
+        cost.observe(128, prefill, max(7 * MS, 3.6 * MS + prefill * 0.002 * MS))
+        caps.append(cost.prefill_within(1.5))
+        prefill = min(512.0, caps[-1])  # the arrivals pending: one prompt of 512
+    assert min(caps[2 * WINDOW:]) >= 1024  # twice the prefill seen to ride free of the host
+    # once the device's cost shows, the ratio rules again
+    for _ in range(WINDOW):
+        cost.observe(128, 0, 3.6 * MS)
+        cost.observe(128, 2048, 3.6 * MS + 2048 * 0.002 * MS)
+        cost.observe(128, 256, 3.6 * MS + 256 * 0.002 * MS)
+    assert cost.prefill_within(1.5) == pytest.approx(900, rel=0.05)
 
 
 def test_the_cap_follows_the_decode_step():

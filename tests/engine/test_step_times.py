@@ -5,7 +5,6 @@ host phases of each step call likewise, counted by a running engine."""
 import time
 
 import pytest
-
 from prometheus_client import CollectorRegistry, generate_latest
 from radixserve.bench.prometheus import Reading, observed_ms, parse
 from radixserve.engine import SamplingParams
