@@ -146,6 +146,7 @@ WARM_UP_TOKENS = 32
 PREFILL_CAP = "radixserve_mixed_prefill_cap"  # services/scheduler/metrics.py
 STEP_SECONDS = "radixserve_engine_step_seconds"  # engine/step_times.py, by kind
 HOST_SECONDS = "radixserve_engine_host_seconds"  # engine/step_times.py, by phase
+THREAD_CPU = "radixserve_engine_thread_cpu_seconds_total"  # services/scheduler/metrics.py
 GC_PAUSES = "radixserve_gc_pause_seconds"  # services/common/gc_pauses.py, by generation
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
         "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
@@ -181,6 +182,14 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     # the engine thread's phases of each step call: the one a late step spent its time in
     out["host_ms"] = {phase: observed_ms(before, after, HOST_SECONDS, (("phase", phase),))
                       for phase in HOST_PHASES}
+    # cores of wall time the engine threads spent in phases other than the device wait, and of
+    # CPU time: the difference is what they waited for the interpreter (the GIL)
+    replicas = max(1, len(schedulers))
+    out["engine_busy_cores"] = sum(
+        h["count"] * h["mean"] for p, h in out["host_ms"].items()
+        if p != "wait" and h["count"] > 0) / 1e3 / duration_s / replicas
+    out["engine_cpu_cores"] = (after.total(THREAD_CPU) - before.total(THREAD_CPU)) / duration_s \
+        / replicas
     # the garbage collector's pauses in the schedulers and in the gateways, per process
     for role, pick in (("scheduler", True), ("gateway", False)):
         pair = [Reading([e for e in r.endpoints if ((ENGINE_STEPS, ()) in e) == pick])
@@ -358,18 +367,21 @@ def format_host(results: list[LevelResult]) -> str:
     if not any(r.plane.get("host_ms") for r in results):
         return ""
     head = f"{'conc':>5} {'rate':>6} " + " ".join(f"{p + ' mean/p50/p99':>25}"
-                                                  for p in HOST_PHASES)
+                                                  for p in HOST_PHASES) + f" {'busy/cpu':>10}"
     rows = ["the engine thread per step call and level, ms (engine/step_times.py: loop between "
             "two calls, schedule, launch, the commands after it, wait for the device, process "
-            "the outputs; quantiles within buckets 2^(1/3) apart)", head, "-" * len(head)]
+            "the outputs; quantiles within buckets 2^(1/3) apart); busy/cpu: the thread's wall "
+            "time outside the device wait and its CPU time, in cores (the difference: waiting "
+            "for the interpreter)", head, "-" * len(head)]
     for r in results:
         phases = r.plane.get("host_ms")
         if not phases:
             continue
         cells = ["/".join(f"{phases[p][q]:.2f}" for q in ("mean", "p50", "p99"))
                  if phases[p]["count"] > 0 else "-" for p in HOST_PHASES]
+        use = f"{r.plane.get('engine_busy_cores', 0):.2f}/{r.plane.get('engine_cpu_cores', 0):.2f}"
         rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} "
-                    + " ".join(f"{c:>25}" for c in cells))
+                    + " ".join(f"{c:>25}" for c in cells) + f" {use:>10}")
     return "\n".join(rows)
 
 

@@ -228,7 +228,10 @@ class EngineLoop:
     def _publish_stats(self, engine: EngineLike) -> None:
         """Replace the snapshot other threads read (queue_full, metrics) with the engine's now."""
         self.stats = {**engine.stats(), "engine_steps_total": self._steps,
-                      "engine_steps_at_last_free": self._steps_at_free}
+                      "engine_steps_at_last_free": self._steps_at_free,
+                      # this thread's CPU time: beside the engine's host phases (wall time), what
+                      # it spent waiting for the interpreter other threads held
+                      "engine_thread_cpu_seconds": time.thread_time()}
 
     def _drain(self, block: bool, timeout_s: float | None = None) -> list[Command]:
         """Every queued command; with `block`, first wait up to `timeout_s` (idle_poll_s when

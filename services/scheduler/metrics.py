@@ -79,6 +79,11 @@ class EngineStatsCollector(Collector):
             "launch, commands, wait (for the device), process",
             "phase", HOST_BOUNDS, s.get("host_seconds", {}))
         yield CounterMetricFamily(
+            "radixserve_engine_thread_cpu_seconds",
+            "CPU time of the engine loop's thread (against its host phases' wall time: the time "
+            "it waited for the interpreter)", s.get("engine_thread_cpu_seconds", 0.0),
+        )
+        yield CounterMetricFamily(
             "radixserve_retractions",
             "Running requests sent back to the queue under KV pressure (outputs unchanged)",
             s.get("retractions_total", 0),

@@ -264,6 +264,8 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     host = plane["host_ms"]
     assert decoded <= host["launch"]["count"] <= steps + 1 and host["wait"]["count"] >= decoded
     assert "launch mean/p50/p99" in bench_serving.format_host([timed])
+    # the engine thread's CPU time (at most one core) beside its wall time outside the wait
+    assert 0 < plane["engine_cpu_cores"] <= 1.0 and plane["engine_busy_cores"] > 0, plane
     # the garbage collector's pauses, read from the scheduler and the gateway apart (a level
     # this short may make too little garbage for a collection)
     assert plane["scheduler_gc"]["ms_per_s"] >= 0 and len(plane["gateway_gc"]["count"]) == 3
