@@ -19,6 +19,8 @@
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
+#   pstats:PATH: after stages run with RADIXSERVE_PROFILE_ENGINE=PATH (cProfile of each scheduler's
+#   engine loop thread, services/scheduler/profiling.py), each file's functions by their own time
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
 #   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
@@ -257,7 +259,11 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
         done ;;
     ab:*) ab "${s#ab:}" ;;
     bench:*) b=${s#bench:}; stage "$s" 300 python3 -m radixserve.bench.${b//:/ } ;;  # e.g. "bench:profile:--model:tiny"
-    py:*) b=${s#py:}; stage "$s" 580 python3 -m ${b//:/ } ;;  # any module, e.g. "py:radixserve.bench.soak:--clients:1000"
+    py:*) b=${s#py:}; stage "$s" 580 python3 -m ${b//:/ } ;;
+    pstats:*) for f in "${s#pstats:}".*; do  # each scheduler's file (services/scheduler/profiling.py)
+                stage "pstats $f" 60 python3 -c "import pstats, sys
+pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(30)" "$f"
+              done ;;  # any module, e.g. "py:radixserve.bench.soak:--clients:1000"
     *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
   esac
 done

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
 from radixserve.services.scheduler.groups import Refused, add_whole, partition
+from radixserve.services.scheduler.profiling import EngineProfile
 from radixserve.services.scheduler.types import (
     AbortOwned,
     Acks,
@@ -114,6 +115,7 @@ class EngineLoop:
         # between a cancel and its free from this, not from a later snapshot that a poll reads
         self._steps_at_free = 0
         self._fired = False
+        self._profile = EngineProfile.from_env()  # None unless the benchmark hook is set
 
     def start(self) -> None:
         self._thread.start()
@@ -149,9 +151,15 @@ class EngineLoop:
             self._beat = time.monotonic()
             self._sink.on_ready(engine.model_info)
             busy = False
+            if self._profile is not None:
+                self._profile.start()
             while not self._stopping.is_set():
                 busy = self._iterate(engine, busy)
                 self._beat = time.monotonic()
+                if self._profile is not None:
+                    self._profile.iterated()
+            if self._profile is not None:
+                self._profile.dump()
         except BaseException as exc:  # reported to the process, which then exits 1
             log.exception("engine loop died")
             if not self._fired:

@@ -248,3 +248,27 @@ def test_loop_abort_frees_before_the_next_step_and_shows_it() -> None:
         assert lp.stats["engine_steps_at_last_free"] == freed_at
     finally:
         lp.stop(1.0)
+
+
+def test_the_profiling_hook_records_the_engine_thread_alone(tmp_path, monkeypatch) -> None:
+    """RADIXSERVE_PROFILE_ENGINE: cProfile of the engine loop's thread, one file per process,
+    with the engine's steps in it and nothing the submitting thread ran."""
+    import os
+    import pstats
+
+    from radixserve.services.scheduler import profiling
+
+    monkeypatch.setenv(profiling.ENV, str(tmp_path / "engine.prof"))
+    monkeypatch.setattr(profiling, "DUMP_EVERY", 3)  # written mid-run too
+    engine, sink = FakeEngine(step_delay_s=0.001), Sink()
+    lp = EngineLoop(lambda: engine, sink, LoopConfig(warmup=False, idle_poll_s=0.02))
+    lp.start()
+    assert sink.ready.wait(5)
+    path = tmp_path / f"engine.prof.{os.getpid()}"
+    lp.submit(Submission("gw", [new("a", 20)]))
+    wait_for(lambda: path.exists())
+    wait_for(lambda: lp.live_requests == 0)
+    lp.stop(5)
+    functions = {(f.rsplit("/", 1)[-1], name) for f, _, name in pstats.Stats(str(path)).stats}
+    assert ("svc_helpers.py", "step") in functions  # the fake engine's steps, on the loop thread
+    assert not any(name == "wait_for" for _, name in functions)  # the test's thread is not in it
