@@ -315,14 +315,16 @@ class EngineLoop:
 
 
 def _warm_up(engine: EngineLike) -> None:
-    """Run one tiny request end to end, so the first user does not pay for lazy init. It samples
-    (seeded) rather than decoding greedily: the draw's kernels are built on first use, a second or
-    more on a machine whose compile cache is cold."""
-    rid = "__warmup__"
+    """Run two tiny requests end to end, so the first users do not pay for lazy init: the second
+    arrives while the first decodes, so a step carries decode rows beside a prefill, whose
+    attention kernels differ from either step's alone (on a GPU with a cold compile cache,
+    building them took 10 s inside the first such step of a served run). They sample (seeded)
+    rather than decoding greedily: the draw's kernels are built on first use too."""
     vocab = int(engine.model_info.vocab_size)
-    prompt = [i % vocab for i in range(1, 9)]
-    engine.add_request(rid, prompt, SamplingParams(temperature=1.0, seed=0, max_new_tokens=2,
-                                                   ignore_eos=True))
+    params = SamplingParams(temperature=1.0, seed=0, max_new_tokens=8, ignore_eos=True)
+    engine.add_request("__warmup__", [i % vocab for i in range(1, 9)], params)
+    engine.step()  # its prefill (with overlap, only launched)
+    engine.add_request("__warmup_2__", [i % vocab for i in range(11, 19)], params)
     while engine.has_work():
         engine.step()
     engine.check_integrity()

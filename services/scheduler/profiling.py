@@ -1,11 +1,14 @@
-"""A benchmark hook, a no-op unless RADIXSERVE_PROFILE_ENGINE is set: cProfile of the engine loop's
-thread alone, written where that variable says (one file per scheduler process: PATH.PID).
+"""A benchmark hook, a no-op unless RADIXSERVE_PROFILE_ENGINE is set: cProfile of the scheduler
+process from the engine loop's start, written where that variable says (one file per scheduler
+process: PATH.PID).
 
 The engine thread's host phases (engine/step_times.py) say which phase of a step is long; this
 says which functions make it so, in the served engine, beside the gRPC event loop and its
-traffic, where `bench profile` times the same phases alone. cProfile hooks only the thread that
-enables it, so the event loop's work is not in the file. It slows the Python it profiles (about
-twofold), so its shares count, not its times; a run with it is for reading, not for figures.
+traffic, where `bench profile` times the same phases alone. Up to Python 3.11 cProfile hooks only
+the thread that enables it (the engine loop's); from 3.12 it sees every thread, so the event
+loop's functions (services/scheduler/server.py, convert.py, grpc's) are in the file too. It slows
+the Python it profiles (about twofold), so its shares count, not its times; a run with it is for
+reading, not for figures.
 The file is rewritten every DUMP_EVERY iterations and when the loop ends, so a stack that is
 killed still leaves what came before. Read it with `pstats` (bench/gpu_check.sh `pstats:` stage).
 """
