@@ -30,6 +30,7 @@ class TableManager:
         self.width = -(-max_context // page_size) * page_size  # whole pages per row
         self.page_table = torch.zeros(max_slots, self.width, dtype=torch.int64, device=device)
         self.page_table_cpu = torch.zeros(max_slots, self.width, dtype=torch.int64)  # host mirror
+        self._page_table_np = self.page_table_cpu.numpy()  # the same memory, for numpy writes
         self.token_pool = torch.zeros(max_slots, self.width, dtype=torch.int64, device=device)
         self._free_slots = list(range(max_slots - 1, -1, -1))
         # (target tensor, rows, cols, values), and (slot, start) when the write is one run of a
@@ -73,12 +74,15 @@ class TableManager:
         """Map logical page page_indices[i] of slots[i] to physical page pages[i], for many slots
         in one write (a decode step's new pages)."""
         P = self.page_size
-        offsets = torch.arange(P)
-        rows = torch.tensor(slots, dtype=torch.int64).repeat_interleave(P)
-        cols = (torch.tensor(page_indices, dtype=torch.int64)[:, None] * P + offsets).flatten()
-        locs = (torch.tensor(pages, dtype=torch.int64)[:, None] * P + offsets).flatten()
-        self.page_table_cpu[rows, cols] = locs
-        self._pending.append((self.page_table, rows, cols, locs, None))
+        # numpy, as in alloc_pages: every decode step that crosses a page runs this, and torch's
+        # per-op cost made it 2.5-4x slower (65 against 26 us for 128 slots on a CPU)
+        offsets = np.arange(P)
+        rows = np.repeat(np.array(slots, dtype=np.int64), P)
+        cols = (np.array(page_indices, dtype=np.int64)[:, None] * P + offsets).ravel()
+        locs = (np.array(pages, dtype=np.int64)[:, None] * P + offsets).ravel()
+        self._page_table_np[rows, cols] = locs
+        self._pending.append((self.page_table, torch.from_numpy(rows), torch.from_numpy(cols),
+                              torch.from_numpy(locs), None))
 
     def pending_writes(self) -> list[RowWrite]:
         """Writes queued since the last flush, in order: what tensor-parallel followers replay.
