@@ -214,6 +214,7 @@ def test_prefix_cache_hits_are_reported(stack: Stack) -> None:
 def test_bench_serving_smoke(stack: Stack) -> None:
     import asyncio
 
+    from radixserve.bench import plane_timing
     from radixserve.bench import serving as bench_serving
 
     cfg = bench_serving.BenchConfig(stack.target, (1, 3), num_prompts=6, input_len=16,
@@ -252,18 +253,18 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert 6 <= plane["handoff_ms"]["count"] <= 24  # a message carries one token or several
     assert 4 <= plane["arrival_ms"]["count"] <= plane["handoff_ms"]["count"]
     assert 0 <= plane["handoff_ms"]["mean"] < timed.duration_s * 1e3
-    assert "TPOT p50/step" in bench_serving.format_plane([timed])
+    assert "TPOT p50/step" in plane_timing.format_plane([timed])
     # the engine's steps that decoded (each request decodes its last 3 tokens), none outside the
     # level's steps, and each as long as the engine measured it
     steps = round(timed.duration_s * 1e3 / plane["step_ms"])
     decoded = plane["decode_step_ms"]["count"] + plane["mixed_step_ms"]["count"]
     assert 3 <= decoded <= steps, (plane, steps)
     assert 0 < plane["decode_step_ms"]["p50"] <= plane["decode_step_ms"]["p99"], plane
-    assert "decode share/p50/p99" in bench_serving.format_plane([timed])
+    assert "decode share/p50/p99" in plane_timing.format_plane([timed])
     # the engine thread's phases: a launch and a read for each of those steps, the level's own
     host = plane["host_ms"]
     assert decoded <= host["launch"]["count"] <= steps + 1 and host["wait"]["count"] >= decoded
-    assert "launch mean/p50/p99" in bench_serving.format_host([timed])
+    assert "launch mean/p50/p99" in plane_timing.format_host([timed])
     # the engine thread's CPU time (at most one core) beside its wall time outside the wait
     assert 0 < plane["engine_cpu_cores"] <= 1.0 and plane["engine_busy_cores"] > 0, plane
     # the garbage collector's pauses, read from the scheduler and the gateway apart (a level

@@ -1,0 +1,134 @@
+"""The serving plane's own timing in a `bench serving` level, from the services' Prometheus
+metrics read before and after it (bench/prometheus.py), and the tables that print it.
+
+Per level: the step (the level's time over each scheduler replica's engine steps); the engine's
+steps that decoded by kind (engine/step_times.py); the engine thread's phases of a step call and
+its CPU time against its busy wall time; the garbage collector's pauses per process; the prefill
+cap at the level's end; and how long after the scheduler had a step's outputs they reached each
+hop on the way to the client (HOPS). bench/serving.py's module doc says what each column means.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from radixserve.bench.prometheus import ENGINE_STEPS, Reading, observed_ms
+from radixserve.engine.step_times import HOST_PHASES
+from radixserve.engine.step_times import KINDS as STEP_KINDS  # the histogram's kind labels
+
+if TYPE_CHECKING:
+    from radixserve.bench.serving import LevelResult
+
+PREFILL_CAP = "radixserve_mixed_prefill_cap"  # services/scheduler/metrics.py
+STEP_SECONDS = "radixserve_engine_step_seconds"  # engine/step_times.py, by kind
+HOST_SECONDS = "radixserve_engine_host_seconds"  # engine/step_times.py, by phase
+THREAD_CPU = "radixserve_engine_thread_cpu_seconds_total"  # services/scheduler/metrics.py
+GC_PAUSES = "radixserve_gc_pause_seconds"  # services/common/gc_pauses.py, by generation
+HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
+        "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
+        "arrival_ms": "radixserve_step_arrival_delay_seconds",
+        "handoff_ms": "radixserve_token_handoff_delay_seconds"}
+
+
+def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str, Any]:
+    """The plane's figures of a level from readings of the services' metrics around it."""
+    schedulers = [e for e in after.endpoints if (ENGINE_STEPS, ()) in e]  # one per replica
+    steps = after.total(ENGINE_STEPS) - before.total(ENGINE_STEPS)
+    step_ms = duration_s * len(schedulers) / steps * 1e3 if steps > 0 else math.nan
+    out: dict[str, Any] = {"step_ms": step_ms}
+    for key, histogram in HOPS.items():
+        out[key] = observed_ms(before, after, histogram)
+    # the steps that decoded: the engine's share of the inter-token gaps
+    for kind in STEP_KINDS:
+        out[f"{kind}_step_ms"] = observed_ms(before, after, STEP_SECONDS, (("kind", kind),))
+    # the engine thread's phases of each step call: the one a late step spent its time in
+    out["host_ms"] = {phase: observed_ms(before, after, HOST_SECONDS, (("phase", phase),))
+                      for phase in HOST_PHASES}
+    # cores of wall time the engine threads spent in phases other than the device wait, and of
+    # CPU time: the difference is what they waited for the interpreter (the GIL)
+    replicas = max(1, len(schedulers))
+    out["engine_busy_cores"] = sum(
+        h["count"] * h["mean"] for p, h in out["host_ms"].items()
+        if p != "wait" and h["count"] > 0) / 1e3 / duration_s / replicas
+    out["engine_cpu_cores"] = (after.total(THREAD_CPU) - before.total(THREAD_CPU)) / duration_s \
+        / replicas
+    # the garbage collector's pauses in the schedulers and in the gateways, per process
+    for role, pick in (("scheduler", True), ("gateway", False)):
+        pair = [Reading([e for e in r.endpoints if ((ENGINE_STEPS, ()) in e) == pick])
+                for r in (before, after)]
+        gens = [observed_ms(*pair, GC_PAUSES, (("generation", str(g)),)) for g in range(3)]
+        processes = len(pair[1].endpoints)
+        out[f"{role}_gc"] = {
+            "ms_per_s": sum(g["count"] * g["mean"] for g in gens if g["count"] > 0)
+            / max(1, processes) / duration_s,
+            "p99_ms": [g["p99"] for g in gens], "count": [g["count"] for g in gens]}
+    # the prefill a step that decodes took at the level's end (mixed_step_ratio), each replica's
+    out["prefill_cap"] = [e.get((PREFILL_CAP, ()), 0.0) for e in schedulers]
+    return out
+
+
+def format_plane(results: list[LevelResult]) -> str:
+    """Each level's plane timing (module doc). Empty when no metrics were read."""
+    if not any(r.plane for r in results):
+        return ""
+    names = [k.removesuffix("_ms") for k in HOPS]
+    head = (f"{'conc':>5} {'rate':>6} {'step':>6} {'TPOT p50/step':>13} "
+            + " ".join(f"{kind + ' share/p50/p99':>22}" for kind in STEP_KINDS) + " "
+            + " ".join(f"{name + ' mean/p50/p99':>26}" for name in names) + f" {'cap':>6}"
+            + f" {'gc ms/s':>9} {'gc p99 by gen':>15}")
+    rows = ["the plane per level, ms (step: the level's time / engine steps; decode, mixed: the "
+            "engine's steps that decoded, alone or beside prefill, as streams saw them (share of "
+            "steps, quantiles within buckets 2^(1/3) apart); cap: each replica's prefill budget "
+            "of a step that decodes, at the level's end; gc: the garbage collector's pauses, ms "
+            "a second in a scheduler / a gateway, and the scheduler's p99 pause of each "
+            "generation; the others: from the scheduler having a step's outputs to each point "
+            "on its way)",
+            head, "-" * len(head)]
+    for r in results:
+        if not r.plane:
+            continue
+        step = r.plane["step_ms"]
+        hops = ["/".join(f"{r.plane[k][q]:.1f}" for q in ("mean", "p50", "p99")) for k in HOPS]
+        cap = ",".join(f"{c:.0f}" for c in r.plane.get("prefill_cap", ())) or "-"
+        kinds = [r.plane.get(f"{kind}_step_ms", {}) for kind in STEP_KINDS]
+        counted = sum(k.get("count", 0.0) for k in kinds)
+        shown = [f"{k['count'] / counted:.2f}/{k['p50']:.1f}/{k['p99']:.1f}"
+                 if counted and k.get("count") else "-" for k in kinds]
+        rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} {step:>6.2f} "
+                    f"{r.tpot_ms['p50'] / step:>13.2f} " + " ".join(f"{x:>22}" for x in shown) + " "
+                    + " ".join(f"{h:>26}" for h in hops) + f" {cap:>6} " + _format_gc(r.plane))
+    return "\n".join(rows)
+
+
+def format_host(results: list[LevelResult]) -> str:
+    """Each level's engine-thread phases (plane_timing's host_ms). Empty when none were read."""
+    if not any(r.plane.get("host_ms") for r in results):
+        return ""
+    head = f"{'conc':>5} {'rate':>6} " + " ".join(f"{p + ' mean/p50/p99':>25}"
+                                                  for p in HOST_PHASES) + f" {'busy/cpu':>10}"
+    rows = ["the engine thread per step call and level, ms (engine/step_times.py: loop between "
+            "two calls, schedule, launch, the commands after it, wait for the device, process "
+            "the outputs; quantiles within buckets 2^(1/3) apart); busy/cpu: the thread's wall "
+            "time outside the device wait and its CPU time, in cores (the difference: waiting "
+            "for the interpreter)", head, "-" * len(head)]
+    for r in results:
+        phases = r.plane.get("host_ms")
+        if not phases:
+            continue
+        cells = ["/".join(f"{phases[p][q]:.2f}" for q in ("mean", "p50", "p99"))
+                 if phases[p]["count"] > 0 else "-" for p in HOST_PHASES]
+        use = f"{r.plane.get('engine_busy_cores', 0):.2f}/{r.plane.get('engine_cpu_cores', 0):.2f}"
+        rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} "
+                    + " ".join(f"{c:>25}" for c in cells) + f" {use:>10}")
+    return "\n".join(rows)
+
+
+def _format_gc(plane: dict[str, Any]) -> str:
+    """The plane table's gc columns of one level ("-" where the services export no pauses)."""
+    sched, gw = plane.get("scheduler_gc"), plane.get("gateway_gc")
+    if not sched:
+        return f"{'-':>9} {'-':>15}"
+    share = f"{sched['ms_per_s']:.1f}/{gw['ms_per_s']:.1f}" if gw else f"{sched['ms_per_s']:.1f}"
+    p99 = "/".join("-" if not n else f"{ms:.1f}" for ms, n in zip(sched["p99_ms"], sched["count"]))
+    return f"{share:>9} {p99:>15}"
