@@ -11,6 +11,9 @@ graph replay, and the LM head), grammar masks, the sampling batch (build_samplin
 sampler and `inputs`, the rest: the step's own tensors, the sampled ids' write-back and the copy to
 the host. On a CPU the model and the sampler are the device work; every other column is host time.
 --temperature samples (seeded, as the offline workload does) instead of greedy decoding.
+--stagger lengthens prompt i by i % page_size tokens: the rows then start new pages at different
+steps, as a served engine's rows do (some at almost every step), where rows in lockstep all start
+one in the same step and the median step starts none.
 --mixed TOKENS adds, before every timed decode step, one new prompt of TOKENS tokens that ends at
 its first sampled token: each step then carries B decode rows and that prefill, as a served
 engine's steps do while requests arrive (each count in turn, after the plain decode rows).
@@ -103,10 +106,13 @@ class _PartTimers:
 
 
 def _fill(core: EngineCore, batch: int, prompt_len: int, steps: int,
-          temperature: float = 0.0) -> None:
+          temperature: float = 0.0, stagger: bool = False) -> None:
+    """`batch` running requests, prefilled; with `stagger`, prompt i is i % page_size tokens
+    longer, so the rows start new pages at different steps."""
     rng = random.Random(0)
+    P = core.scheduler.page_size
     for i in range(batch):
-        ids = [rng.randrange(10000) for _ in range(prompt_len)]
+        ids = [rng.randrange(10000) for _ in range(prompt_len + (i % P if stagger else 0))]
         core.add_request(f"p{i}", ids, greedy_params(steps + 64, temperature, seed=i))
     while core.scheduler.waiting or any(not r.prefill_done for r in core.scheduler.running):
         core.step()
@@ -204,8 +210,8 @@ def _drain(core: EngineCore) -> None:
 
 def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int, trace: int,
                   host: bool = False, temperature: float = 0.0,
-                  arrival: int = 0) -> dict[str, Any]:
-    _fill(core, batch, prompt_len, steps + trace, temperature)
+                  arrival: int = 0, stagger: bool = False) -> dict[str, Any]:
+    _fill(core, batch, prompt_len, steps + trace, temperature, stagger)
     if host:
         with _PartTimers(core) as parts:
             times = _timed_steps(core, steps, parts, arrival)
@@ -410,6 +416,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature, seeded (decode steps; 0: greedy)")
     ap.add_argument("--no-cuda-graph", action="store_true")
+    ap.add_argument("--stagger", action="store_true",
+                    help="rows at positions page_size apart, starting new pages at different steps")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--offline", action="store_true", help="profile the offline workload instead")
     mode.add_argument("--prefill", default="", metavar="TOKENS[,TOKENS...]",
@@ -455,7 +463,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"{device_name(args.device)}")
         else:
             rows = [profile_batch(core, b, args.prompt_len, args.steps, args.trace, args.host,
-                                  args.temperature, arrival)
+                                  args.temperature, arrival, args.stagger)
                     for b in batches for arrival in [0, *mixed]]
     finally:
         release(core)

@@ -103,3 +103,24 @@ def test_offline_profile_counts_every_launched_step_with_overlap_on_and_off(tmp_
         core.check_integrity()
         counts.append(len(steps))
     assert counts[0] == counts[1]  # the same steps, whether or not they overlap
+
+
+def test_staggered_rows_start_new_pages_at_every_step(tmp_path):
+    """--stagger: prompt i is i % page_size tokens longer, so one of four rows starts a page at
+    every step (as served rows do), where rows in lockstep start theirs together every fourth."""
+    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=4,
+                      page_size=4, max_prefill_tokens=256)
+    table, calls = core.scheduler.table, []
+    mapped = table.map_pages
+
+    def counted(slots, page_indices, pages):
+        calls.append(len(slots))
+        mapped(slots, page_indices, pages)
+
+    table.map_pages = counted
+    for stagger in (False, True):
+        calls.clear()
+        profile.profile_batch(core, 4, prompt_len=40, steps=8, trace=0, stagger=stagger)
+        assert (sorted(set(calls)), len(calls) >= 8) == (([1], True) if stagger else ([4], False))
+    assert not core.has_work()
+    core.check_integrity()
