@@ -259,11 +259,11 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
         done ;;
     ab:*) ab "${s#ab:}" ;;
     bench:*) b=${s#bench:}; stage "$s" 300 python3 -m radixserve.bench.${b//:/ } ;;  # e.g. "bench:profile:--model:tiny"
-    py:*) b=${s#py:}; stage "$s" 580 python3 -m ${b//:/ } ;;
+    py:*) b=${s#py:}; stage "$s" 580 python3 -m ${b//:/ } ;;  # any module, e.g. "py:radixserve.bench.soak:--clients:1000"
     pstats:*) for f in "${s#pstats:}".*; do  # each scheduler's file (services/scheduler/profiling.py)
                 stage "pstats $f" 60 python3 -c "import pstats, sys
 pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(30)" "$f"
-              done ;;  # any module, e.g. "py:radixserve.bench.soak:--clients:1000"
+              done ;;
     *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
   esac
 done

@@ -33,7 +33,7 @@ from radixserve.engine.sampling.params import FinishReason, InvalidRequestError,
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.scheduler.prefill_budget import PrefillBudget, keys_per_token
 from radixserve.engine.scheduler.scheduler import Scheduler
-from radixserve.engine.step_times import HostTimes, StepTimes
+from radixserve.engine.step_times import HOST_BOUNDS, HOST_PHASES, StepTimes, TimeHistogram
 from radixserve.engine.tp.launch import TPLeader, building
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,8 @@ class EngineCore:
         self._in_flight: tuple[Batch, ForwardOutput] | None = None
         self._last_done = 0.0  # when the last step's outputs were read (time.perf_counter())
         self.step_times = StepTimes()  # steps that decoded, as the streams saw them
-        self.host_times = HostTimes()  # the engine thread's phases of each step call
+        # the engine thread's phases of each step call
+        self.host_times = TimeHistogram(HOST_PHASES, HOST_BOUNDS)
         self._busy_since: float | None = None  # the end of the last step call that left work
         self._rng = random.Random(config.seed)
         self.prompt_tokens_total = 0

@@ -64,8 +64,3 @@ class StepTimes(TimeHistogram):
     def observe_step(self, prefill: bool, seconds: float) -> None:
         """A step that decoded (beside `prefill` or not) took `seconds`."""
         self.observe("mixed" if prefill else "decode", seconds)
-
-
-class HostTimes(TimeHistogram):
-    def __init__(self) -> None:
-        super().__init__(HOST_PHASES, HOST_BOUNDS)

@@ -37,8 +37,8 @@ class EngineProfile:
         return cls(f"{base}.{os.getpid()}") if base else None
 
     def start(self) -> None:
-        """Profile the calling thread (the engine loop's) from now on."""
-        log.warning("profiling the engine loop's thread into %s (%s is set)", self.path, ENV)
+        """Profile from now on: the calling thread (the engine loop's), every thread from 3.12."""
+        log.warning("profiling the engine loop into %s (%s is set)", self.path, ENV)
         self._profile.enable()
 
     def iterated(self) -> None:
