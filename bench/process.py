@@ -204,7 +204,12 @@ def process_changes(pids: dict[str, int], before: dict[str, dict[str, float]],
 class RssSeries:
     """Each service's RSS sampled every `every_s` while a load runs, and its growth as a
     least-squares slope over the samples taken `warmup_s` or more after the first: the prefix
-    cache and the allocators fill during the first minutes, a leak keeps growing after them."""
+    cache and the allocators fill during the first minutes, a leak keeps growing after them.
+
+    A service whose process is replaced on a schedule (a recycled gateway) draws a saw: each
+    process grows from a fresh start until it retires. A line through the saw takes its sign from
+    where the run cuts it, so such a service is fitted through the peak of each process life that
+    ended during the load; a leak that outlives a process (shared state, a file) raises the peaks."""
 
     def __init__(self, pids: dict[str, int], every_s: float, warmup_s: float,
                  resolve: Callable[[], dict[str, int]] | None = None):
@@ -214,7 +219,8 @@ class RssSeries:
         self.every_s = every_s
         self.warmup_s = warmup_s
         self.resolve = resolve
-        self.samples: dict[str, list[tuple[float, float]]] = {name: [] for name in pids}
+        # per service: (seconds since the sampling began, RSS in MiB, pid)
+        self.samples: dict[str, list[tuple[float, float, int]]] = {name: [] for name in pids}
 
     async def run(self) -> None:
         """Sample until cancelled (without `resolve`, a dead service stops being sampled; with
@@ -227,36 +233,60 @@ class RssSeries:
                 alive = self.resolve()
             for name, pid in list(alive.items()):
                 try:
-                    self.samples.setdefault(name, []).append((now, sample(pid)["rss_mib"]))
+                    self.samples.setdefault(name, []).append(
+                        (now, sample(pid)["rss_mib"], pid))
                 except OSError:  # it exited (the check after the load reports that)
                     del alive[name]
             await asyncio.sleep(self.every_s)
 
     def growth(self) -> dict[str, dict[str, float]]:
-        """Per service: samples after the warm-up, their RSS range (MiB) and the slope in MiB
-        and in percent of their mean per hour; services with fewer than 3 such samples are
-        left out (no slope to fit)."""
+        """Per service: samples after the warm-up, their RSS range (MiB), the slope in MiB and in
+        percent of the fitted points' mean per hour, and `lives`, the processes seen after the
+        warm-up. With more than one, the slope is fitted to the peaks of the lives that ended
+        (`fitted` is how many), else to every sample. A service with fewer than 3 points to fit
+        is left out (no slope)."""
         out = {}
         for name, points in self.samples.items():
-            kept = [(t, rss) for t, rss in points if t >= self.warmup_s]
-            if len(kept) < 3:
+            kept = [(t, rss, pid) for t, rss, pid in points if t >= self.warmup_s]
+            lives = _lives(kept)
+            fit = ([max(life, key=lambda p: p[1])[:2] for life in lives[:-1]] if len(lives) > 1
+                   else [(t, rss) for t, rss, _ in kept])
+            if len(fit) < 3:
                 continue
-            slope = statistics.linear_regression(*zip(*kept)).slope * 3600  # least squares
-            mean = statistics.fmean(rss for _, rss in kept)
-            out[name] = {"samples": float(len(kept)), "rss_min_mib": min(r for _, r in kept),
-                         "rss_max_mib": max(r for _, r in kept), "mib_per_h": slope,
+            slope = statistics.linear_regression(*zip(*fit)).slope * 3600  # least squares
+            mean = statistics.fmean(rss for _, rss in fit)
+            out[name] = {"samples": float(len(kept)), "rss_min_mib": min(r for _, r, _ in kept),
+                         "rss_max_mib": max(r for _, r, _ in kept), "lives": float(len(lives)),
+                         "fitted": float(len(fit)), "mib_per_h": slope,
                          "pct_per_h": 100 * slope / mean}
         return out
+
+
+def _lives(points: list[tuple[float, float, int]]) -> list[list[tuple[float, float, int]]]:
+    """`points` (time-ordered, with a pid each) cut into runs of one process."""
+    lives: list[list[tuple[float, float, int]]] = []
+    for point in points:
+        if not lives or lives[-1][-1][2] != point[2]:
+            lives.append([])
+        lives[-1].append(point)
+    return lives
 
 
 def growth_table(growth: dict[str, dict[str, float]], warmup_s: float) -> list[str]:
     """The markdown rows of `RssSeries.growth` (none when nothing was sampled long enough)."""
     if not growth:
         return []
-    return ["", f"| service | RSS samples after {warmup_s:.0f} s | RSS range (MiB) | "
-            "growth (MiB/h) | growth (%/h) |", "|---|---:|---|---:|---:|",
+    return ["", f"| service | RSS samples after {warmup_s:.0f} s | RSS range (MiB) | fitted to | "
+            "growth (MiB/h) | growth (%/h) |", "|---|---:|---|---|---:|---:|",
             *(f"| {name} | {g['samples']:.0f} | {g['rss_min_mib']:.1f}-{g['rss_max_mib']:.1f} | "
-              f"{g['mib_per_h']:+.2f} | {g['pct_per_h']:+.2f} |" for name, g in growth.items())]
+              f"{_fitted(g)} | {g['mib_per_h']:+.2f} | {g['pct_per_h']:+.2f} |"
+              for name, g in growth.items())]
+
+
+def _fitted(g: dict[str, float]) -> str:
+    if g["lives"] > 1:
+        return f"peaks of {g['fitted']:.0f} ended lives (of {g['lives']:.0f} processes)"
+    return "every sample"
 
 
 def process_table(processes: dict[str, dict[str, float]]) -> list[str]:

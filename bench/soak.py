@@ -12,7 +12,8 @@ or queued, kv_pages_free + kv_pages_evictable == kv_pages_total, no live request
 or the detokenizer), and the RSS and open files of each service are compared with the start
 (known with --launch, or --serve-pid of a running `radixserve serve`). During the load each
 service's RSS is sampled every --rss-every seconds; its growth is the least-squares slope over the
-samples after --warmup, and --max-rss-growth fails the run when a service grows faster. --json
+samples after --warmup (for a recycled gateway, over the peak of each process life), and
+--max-rss-growth fails the run when a service grows faster. --json
 keeps every sample and, per interval, the TTFT median beside them: a queue that deepened for a
 while grows a heap as well as a leak does, and only the series tells the two apart.
 """
@@ -92,8 +93,8 @@ class SoakResult:
     invariant_ok: bool = False
     processes: dict[str, dict[str, float]] = field(default_factory=dict)
     rss_growth: dict[str, dict[str, float]] = field(default_factory=dict)  # RssSeries.growth
-    # every sample behind the fit, per service: (seconds since the load began, RSS in MiB)
-    rss_series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # every sample behind the fit, per service: (seconds since the load began, RSS in MiB, pid)
+    rss_series: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
     # the queue beside it, per --rss-every interval: (interval start s, normal requests that saw
     # their first token in it, their TTFT p50 ms); a deeper queue grows heaps without a leak
     ttft_series: list[tuple[float, int, float]] = field(default_factory=list)

@@ -11,9 +11,12 @@ from radixserve.bench import soak
 from radixserve.bench.process import RssSeries, growth_table, service_pids
 
 
-def _series(points: dict[str, list[tuple[float, float]]], warmup_s: float) -> RssSeries:
+def _series(points: dict[str, list[tuple[float, float]]], warmup_s: float,
+            pids: dict[str, list[int]] | None = None) -> RssSeries:
+    """A series of `points` per service, each sample of process 1 unless `pids` says."""
     series = RssSeries({name: 0 for name in points}, every_s=60.0, warmup_s=warmup_s)
-    series.samples = points
+    series.samples = {name: [(t, rss, (pids or {}).get(name, [1] * len(pts))[i])
+                             for i, (t, rss) in enumerate(pts)] for name, pts in points.items()}
     return series
 
 
@@ -30,7 +33,43 @@ def test_growth_is_the_slope_after_the_warmup() -> None:
     assert (g["rss_min_mib"], g["rss_max_mib"]) == (100.0, pytest.approx(100 + 59 / 60))
     assert growth["tokenizer"]["mib_per_h"] == 0.0
     rows = growth_table(growth, 300.0)
-    assert any(row.startswith("| gateway | 60 |") and "+1.00 |" in row for row in rows)
+    assert any(row.startswith("| gateway | 60 |") and "| every sample | +1.00 |" in row
+               for row in rows)
+
+
+def _saw(life_s: float, cut_s: float, peak: float) -> tuple[list, list]:
+    """A recycled gateway sampled each minute for `cut_s` seconds: (samples, their pids); each
+    process lives `life_s` and grows from 50 MiB to `peak` MiB at its last sample."""
+    points, pids = [], []
+    for k in range(int(cut_s // 60)):
+        t = k * 60.0
+        life = int(t // life_s)
+        points.append((t, 50.0 + (peak - 50.0) * (t % life_s) / (life_s - 60)))
+        pids.append(1000 + life)
+    return points, pids
+
+
+def test_a_recycled_service_is_fitted_through_the_peaks_of_its_lives() -> None:
+    """A gateway replaced every 10 minutes grows 50 -> 80 MiB in each life: a line through the
+    whole saw slopes by where the run cuts it (here +2 %/h and more), its lives' peaks are flat."""
+    points, pids = _saw(life_s=600.0, cut_s=6000.0 + 540.0, peak=80.0)
+    whole = _series({"gateway-1": points}, warmup_s=600.0).growth()["gateway-1"]
+    assert whole["pct_per_h"] > 2.0 and whole["lives"] == 1  # one pid: the old fit
+    g = _series({"gateway-1": points}, warmup_s=600.0, pids={"gateway-1": pids}).growth()
+    g = g["gateway-1"]
+    assert g["lives"] == 10 and g["fitted"] == 9  # the last life is cut by the run's end
+    assert g["pct_per_h"] == pytest.approx(0.0, abs=1e-9)
+    assert g["rss_max_mib"] == pytest.approx(80.0)
+    rows = growth_table({"gateway-1": g}, 600.0)
+    assert any("peaks of 9 ended lives (of 10 processes)" in row for row in rows)
+
+
+def test_peaks_that_rise_from_life_to_life_are_growth() -> None:
+    """What outlives a process (a shared file, a leak in the parent's state) raises each peak."""
+    points, pids = _saw(life_s=600.0, cut_s=6000.0, peak=80.0)
+    rising = [(t, rss + t / 360.0) for t, rss in points]  # +10 MiB an hour under the saw
+    g = _series({"gateway-0": rising}, warmup_s=600.0, pids={"gateway-0": pids}).growth()
+    assert g["gateway-0"]["mib_per_h"] == pytest.approx(10.0, rel=1e-6)
 
 
 def test_too_few_samples_after_the_warmup_fit_nothing() -> None:
@@ -48,7 +87,8 @@ def test_sampler_reads_live_processes_and_drops_an_exited_one() -> None:
         return series
 
     series = asyncio.run(sample_briefly())
-    assert len(series.samples["me"]) >= 3 and all(rss > 0 for _, rss in series.samples["me"])
+    assert len(series.samples["me"]) >= 3
+    assert all(rss > 0 and pid == os.getpid() for _, rss, pid in series.samples["me"])
     assert series.samples["gone"] == []
 
 
@@ -104,6 +144,7 @@ def test_a_recycled_gateway_is_followed_to_its_new_process_under_its_own_name(tm
         # every lookup but the empty one (a gateway between two processes) gave a sample of the
         # new process; the old pid would have given none
         assert len(series.samples["gateway-1"]) >= 3
+        assert {pid for _, _, pid in series.samples["gateway-1"]} == {new.pid}
     finally:
         for proc in (old, new):
             proc.kill()
