@@ -208,8 +208,9 @@ class RssSeries:
 
     A service whose process is replaced on a schedule (a recycled gateway) draws a saw: each
     process grows from a fresh start until it retires. A line through the saw takes its sign from
-    where the run cuts it, so such a service is fitted through the peak of each process life that
-    ended during the load; a leak that outlives a process (shared state, a file) raises the peaks."""
+    where the run cuts it, so such a service is fitted through the peak of each process life
+    that ended during the load; a leak that outlives a process (shared state, a file) raises
+    the peaks."""
 
     def __init__(self, pids: dict[str, int], every_s: float, warmup_s: float,
                  resolve: Callable[[], dict[str, int]] | None = None):
