@@ -32,6 +32,7 @@ BENCHMARKS = {
     "tokenizer": "a real-size tokenizer for the benchmark models, from a tiktoken BPE file",
     "routing": "cost of the gateway's replica pick (cache-aware prefix trees) per request",
     "plane": "CPU time of one step's conversions: scheduler message, detokenizer, gateways",
+    "stacks": "where a sampled process's threads spent their time (py-spy raw stacks)",
     "serving": "TTFT, TPOT, ITL, E2E and throughput through the gateway",
     "overload": "refusals and admitted streams at 3x the saturating arrival rate",
     "abort": "client cancel -> request freed by the scheduler, at N running",

@@ -19,6 +19,10 @@
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
+#   spy:SECONDS: py-spy (its wheel in .whl) samples the next scheduler process to start, from outside
+#   and without slowing it, for SECONDS, into $OUT/spy-scheduler.txt; read it with the stage
+#   "bench:stacks:$OUT/spy-scheduler.txt:--thread:engine-loop:--under:_iterate" (docs/benchmarks.md,
+#   "GPU, twenty-ninth round")
 #   pstats:PATH: after stages run with RADIXSERVE_PROFILE_ENGINE=PATH (cProfile of each scheduler's
 #   engine loop thread, services/scheduler/profiling.py), each file's functions by their own time
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
@@ -89,6 +93,7 @@ stage() {  # stage NAME SECONDS CMD...: one stage's failure or timeout never sto
   echo "=== $name done in $((SECONDS - t0))s, rc ${PIPESTATUS[0]}" | tee -a "$LOG"
 }
 SUITE=(python3 -m radixserve.bench.suite --out "$OUT/results.jsonl")
+SPIES=()  # spy: stages' background samplers
 TOK=()
 if [ -f .tok/qwen3-tokenizer.tgz ]; then
   tar xzf .tok/qwen3-tokenizer.tgz -C /tmp && TOK=(--tokenizer /tmp/qwen3tok)
@@ -264,7 +269,18 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                 stage "pstats $f" 60 python3 -c "import pstats, sys
 pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(30)" "$f"
               done ;;
+    spy:*) (  # in the background: the stages after it start the scheduler
+             for _ in $(seq 600); do
+               pid=$(pgrep -n -f "radixserve.services.cli scheduler") && break; sleep 1
+             done
+             [ -n "${pid:-}" ] && /tmp/site/bin/py-spy record -p "$pid" -d "${s#spy:}" -r 200 \
+               --nonblocking --threads -f raw -o "$OUT/spy-scheduler.txt" >> "$LOG" 2>&1 ) &
+           SPIES+=($!) ;;
     *) stage "$s" 300 "${SUITE[@]}" ${s//:/ } ;;  # e.g. "--model:qwen3-8b:--parts:no_overlap"
   esac
+done
+for p in "${SPIES[@]}"; do  # a spy: sampler writes once its scheduler has exited; one that found
+  for _ in $(seq 30); do kill -0 "$p" 2>/dev/null || break; sleep 1; done  # none is stopped
+  kill "$p" 2>/dev/null
 done
 du -sh "$OUT"/* 2>/dev/null
