@@ -66,7 +66,7 @@ class Req:
     def __post_init__(self) -> None:
         self.prompt_array = np.asarray(self.prompt_ids, dtype=np.int32)
         self.prompt_len = self.fill_len = len(self.prompt_ids)
-        self.sampler_options = self.params.sampler_options
+        self.sampler_options = self.params.sampler_options(self.seed)
 
     @property
     def prefill_done(self) -> bool:

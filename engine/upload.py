@@ -79,7 +79,7 @@ def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.nda
         if len(members) == 1:
             out[members[0]] = view
             continue
-        parts = view.split(sizes)
+        parts = view.split_with_sizes(sizes)  # not Tensor.split, a Python wrapper around it
         for i, k in zip(members, picks):
             out[i] = parts[k]
     return out

@@ -137,8 +137,10 @@ class TableManager:
                   for t in (self.page_table, self.token_pool)]
         groups = [(t, parts) for t, parts in groups if parts]
         if groups:
-            # rows, columns and values of each written tensor, in one upload
-            cols = upload_columns([(torch.cat([p[k] for p in parts]), torch.int64)
+            # rows, columns and values of each written tensor, in one upload (a decode step's
+            # only write, its new pages, needs no concatenation)
+            cols = upload_columns([(parts[0][k] if len(parts) == 1
+                                    else torch.cat([p[k] for p in parts]), torch.int64)
                                    for _, parts in groups for k in (1, 2, 3)],
                                   self.page_table.device)
             for g, (target, _) in enumerate(groups):

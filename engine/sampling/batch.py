@@ -6,7 +6,6 @@ from typing import Sequence
 
 import torch
 from radixserve.engine.constrained.bitmask import HostGrammarMask, to_device
-from radixserve.engine.sampling.race import M32
 from radixserve.engine.sampling.sampler import Penalties, SamplingBatch
 from radixserve.engine.scheduler.batch import Batch
 from radixserve.engine.upload import upload_columns
@@ -19,22 +18,23 @@ def build_sampling_batch(batch: Batch, rows: list[int], eos_ids: tuple[int, ...]
     params = [r.params for r in reqs]
     # output index sampled now
     steps = [batch.seq_lens[i] - r.prompt_len for i, r in zip(rows, reqs)]
-    (greedy, temperature, top_k, uses_top_k, top_p, min_p, has_penalties, min_new_tokens,
-     top_logprobs, wants_logprobs) = zip(*[r.sampler_options for r in reqs])
+    (greedy, temperature, top_k, uses_top_k, top_p, uses_top_p, min_p, uses_min_p, has_penalties,
+     min_new_tokens, top_logprobs, wants_logprobs, seed_lo, seed_hi) = zip(
+        *[r.sampler_options for r in reqs])
     # Every column goes to the device in one copy (upload_columns); optional ones only when a row
     # uses them.
     cols: dict[str, tuple[Sequence, torch.dtype]] = {
         "greedy": (greedy, torch.bool),
         "temperature": (temperature, torch.float32),
-        "seed_lo": ([r.seed & M32 for r in reqs], torch.int64),
-        "seed_hi": ([(r.seed >> 32) & M32 for r in reqs], torch.int64),
+        "seed_lo": (seed_lo, torch.int64),
+        "seed_hi": (seed_hi, torch.int64),
         "step": (steps, torch.int64),
     }
     if any(uses_top_k):
         cols["top_k"] = (top_k, torch.int64)
-    if any(p < 1 for p in top_p):
+    if any(uses_top_p):
         cols["top_p"] = (top_p, torch.float32)
-    if any(p > 0 for p in min_p):
+    if any(uses_min_p):
         cols["min_p"] = (min_p, torch.float32)
     pen_rows = [j for j, pen in enumerate(has_penalties) if pen]
     if pen_rows:

@@ -39,19 +39,23 @@ def _finite(name: str, value: float) -> None:
 
 
 class SamplerOptions(NamedTuple):
-    """What the sampler reads of one request's params each step (sampling/batch.py builds its
-    columns from these)."""
+    """What the sampler reads of one request each step (sampling/batch.py builds its columns from
+    these): its params and its seed, resolved once so that a step only gathers them."""
 
     greedy: bool
     temperature: float  # 1.0 where greedy
     top_k: int  # 1 << 30 where disabled
     uses_top_k: bool  # top_k > 1
     top_p: float
+    uses_top_p: bool  # top_p < 1
     min_p: float
+    uses_min_p: bool  # min_p > 0
     has_penalties: bool
     min_new_tokens: int
     top_logprobs: int
     wants_logprobs: bool
+    seed_lo: int  # the seed's low and high 32 bits, from which the draw derives each row's key
+    seed_hi: int
 
 
 @dataclass(frozen=True)
@@ -166,11 +170,12 @@ class SamplingParams:
     def wants_logprobs(self) -> bool:
         return self.logprobs or self.top_logprobs > 0
 
-    @property
-    def sampler_options(self) -> SamplerOptions:
-        """Read per row and step: a request keeps its own copy (`Req.sampler_options`)."""
+    def sampler_options(self, seed: int) -> SamplerOptions:
+        """Read per row and step: a request keeps its own copy (`Req.sampler_options`), with its
+        resolved `seed` (64 bits)."""
         greedy = self.greedy
         return SamplerOptions(greedy, 1.0 if greedy else self.temperature,
                               self.top_k if self.top_k > 0 else 1 << 30, self.top_k > 1,
-                              self.top_p, self.min_p, self.has_penalties, self.min_new_tokens,
-                              self.top_logprobs, self.wants_logprobs)
+                              self.top_p, self.top_p < 1, self.min_p, self.min_p > 0,
+                              self.has_penalties, self.min_new_tokens, self.top_logprobs,
+                              self.wants_logprobs, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)

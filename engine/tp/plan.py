@@ -95,7 +95,7 @@ class SlotReq:
     sampler_options: SamplerOptions = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.sampler_options = self.params.sampler_options
+        self.sampler_options = self.params.sampler_options(self.seed)
 
     @property
     def prefill_done(self) -> bool:
