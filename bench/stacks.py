@@ -12,7 +12,8 @@ cProfile inside it, so the served engine thread's shares are the ones it has uno
 chosen thread the functions by their own samples (the frame that was running; native code called
 from Python counts for the Python function) and by their inclusive samples (anywhere on the
 stack), each as a share of the thread's samples. --under keeps only the stacks that pass through
-a function (e.g. `_iterate`, the serving loop's iterations: not start-up, not warm-up).
+a function (e.g. `_iterate`, the serving loop's iterations: not start-up, not warm-up); --lines
+counts each line of a function apart.
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# "name (path/to/file.py:123)": the function and its file's last two parts; the line is dropped
-# so that one function's lines add up
-_FRAME = re.compile(r"^(?P<name>.*?) \((?P<path>[^()]*?)(?::\d+)?\)$")
+# "name (path/to/file.py:123)": the function, its file's last two parts and the line
+_FRAME = re.compile(r"^(?P<name>.*?) \((?P<path>[^()]*?)(?P<line>:\d+)?\)$")
 
 
-def frame_name(frame: str) -> str:
+def frame_name(frame: str, lines: bool = False) -> str:
+    """The function of a raw frame and its file; with `lines`, its line too (without, one
+    function's lines add up)."""
     m = _FRAME.match(frame)
     if m is None:
         return frame
-    return f"{m['name']} ({'/'.join(m['path'].split('/')[-2:])})"
+    line = (m["line"] or "") if lines else ""
+    return f"{m['name']} ({'/'.join(m['path'].split('/')[-2:])}{line})"
 
 
 @dataclass
@@ -43,9 +46,11 @@ class Stacks:
     samples: int = 0  # the chosen thread's samples that passed --under
 
 
-def read(lines: list[str], thread: str | None = None, under: str | None = None) -> Stacks:
+def read(lines: list[str], thread: str | None = None, under: str | None = None,
+         by_line: bool = False) -> Stacks:
     """Count `lines` (py-spy raw). `thread`: a substring of the thread frame whose functions are
-    counted (None: every thread); `under`: a substring of a function some frame must have."""
+    counted (None: every thread); `under`: a substring of a function some frame must have;
+    `by_line`: a function's lines counted apart."""
     out = Stacks()
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
@@ -56,7 +61,7 @@ def read(lines: list[str], thread: str | None = None, under: str | None = None) 
         out.threads[head] += n
         if thread is not None and thread not in head:
             continue
-        names = [frame_name(f) for f in frames]
+        names = [frame_name(f, by_line) for f in frames]
         if under is not None and not any(under in name for name in names):
             continue
         out.samples += n
@@ -85,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                                     "(e.g. engine-loop); default: every thread")
     p.add_argument("--under", help="only stacks through a function whose name has this text")
     p.add_argument("--top", type=int, default=30, help="functions shown per table")
+    p.add_argument("--lines", action="store_true",
+                   help="count each line of a function apart (which call in it is dear)")
     args = p.parse_args(argv)
-    stacks = read(args.file.read_text().splitlines(), args.thread, args.under)
+    stacks = read(args.file.read_text().splitlines(), args.thread, args.under, args.lines)
     print(format_report(stacks, args.top))
     return 0 if stacks.samples else 1

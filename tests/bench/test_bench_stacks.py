@@ -34,3 +34,9 @@ def test_every_thread_without_a_filter_and_an_empty_selection_fails(tmp_path) ->
     path.write_text(RAW)
     assert stacks.main([str(path), "--thread", "engine-loop"]) == 0
     assert stacks.main([str(path), "--thread", "no-such-thread"]) == 1
+
+
+def test_by_line_a_functions_lines_count_apart() -> None:
+    s = stacks.read(RAW.splitlines(), thread="engine-loop", under="_iterate", by_line=True)
+    assert s.own == {"upload_columns (engine/upload.py:71)": 6,
+                     "upload_columns (engine/upload.py:80)": 2, "step (engine/core.py:181)": 2}
