@@ -9,6 +9,8 @@ from radixserve.engine.upload import upload_columns
 COLUMNS = [
     ([True, False, True], torch.bool),  # 3 bytes: the next column starts after padding
     ([0.1, 1.0, 1e-45, 3.4e38, -2.5], torch.float32),  # rounding and a subnormal as torch rounds
+    ([1e300, -1e300], torch.float32),  # beyond float32: infinite as torch makes it, not an error
+    ((True, False), torch.bool),  # a tuple, as a step's sampler options give their columns
     ([2**40 + 1, -7, 0], torch.int64),
     ([], torch.int64),
     ([5, -5], torch.int32),
