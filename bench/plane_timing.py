@@ -49,8 +49,8 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     # CPU time: the difference is what they waited for the interpreter (the GIL)
     replicas = max(1, len(schedulers))
     out["engine_busy_cores"] = sum(
-        h["count"] * h["mean"] for p, h in out["host_ms"].items()
-        if p != "wait" and h["count"] > 0) / 1e3 / duration_s / replicas
+        h["total_ms"] for p, h in out["host_ms"].items() if p != "wait") / 1e3 / duration_s \
+        / replicas
     out["engine_cpu_cores"] = (after.total(THREAD_CPU) - before.total(THREAD_CPU)) / duration_s \
         / replicas
     # the garbage collector's pauses in the schedulers and in the gateways, per process
@@ -60,8 +60,7 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
         gens = [observed_ms(*pair, GC_PAUSES, (("generation", str(g)),)) for g in range(3)]
         processes = len(pair[1].endpoints)
         out[f"{role}_gc"] = {
-            "ms_per_s": sum(g["count"] * g["mean"] for g in gens if g["count"] > 0)
-            / max(1, processes) / duration_s,
+            "ms_per_s": sum(g["total_ms"] for g in gens) / max(1, processes) / duration_s,
             "p99_ms": [g["p99"] for g in gens], "count": [g["count"] for g in gens]}
     # the prefill a step that decodes took at the level's end (mixed_step_ratio), each replica's
     out["prefill_cap"] = [e.get((PREFILL_CAP, ()), 0.0) for e in schedulers]

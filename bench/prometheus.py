@@ -102,11 +102,13 @@ def quantile(q: float, buckets: dict[float, float]) -> float:
 def observed_ms(before: Reading, after: Reading, histogram: str,
                 labels: Labels = ()) -> dict[str, float]:
     """What histogram `histogram` (seconds; its series with `labels`) observed between two
-    readings: count, and mean, p50, p90 and p99 in milliseconds (NaN when it observed nothing)."""
+    readings: count, total (its sum) in milliseconds, and mean, p50, p90 and p99 in milliseconds
+    (NaN when it observed nothing)."""
     b0, b1 = before.buckets(histogram, labels), after.buckets(histogram, labels)
     span = {le: b1[le] - b0.get(le, 0.0) for le in b1}
     count = (after.total(f"{histogram}_count", labels)
              - before.total(f"{histogram}_count", labels))
     seconds = after.total(f"{histogram}_sum", labels) - before.total(f"{histogram}_sum", labels)
-    return {"count": count, "mean": seconds / count * 1e3 if count > 0 else math.nan,
+    return {"count": count, "total_ms": seconds * 1e3,
+            "mean": seconds / count * 1e3 if count > 0 else math.nan,
             **{f"p{round(q * 100)}": quantile(q, span) * 1e3 for q in (0.5, 0.9, 0.99)}}

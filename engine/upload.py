@@ -48,9 +48,9 @@ def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.nda
     for i, (_, dtype) in enumerate(columns):
         groups.setdefault(dtype, []).append(i)
     offsets = [0] * len(columns)
-    # per dtype: its first byte, the end of its last column, the split sizes (elements) and which
-    # of the split's parts are its columns (the others are padding)
-    spans: list[tuple[torch.dtype, int, int, list[int], list[int]]] = []
+    # per dtype: its first byte, the end of its last column, its columns, the split sizes
+    # (elements) and which of the split's parts are its columns (the others are padding)
+    spans: list[tuple[torch.dtype, int, int, list[int], list[int], list[int]]] = []
     total = 0
     for dtype, members in groups.items():
         start, size, sizes, picks, gap = total, dtype.itemsize, [], [], 0
@@ -64,7 +64,7 @@ def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.nda
             sizes.append(n)
             gap = (padded - n * size) // size
             total += padded
-        spans.append((dtype, start, end, sizes, picks))
+        spans.append((dtype, start, end, members, sizes, picks))
     host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
     buf = host.numpy()
     for (values, dtype), start in zip(columns, offsets):
@@ -74,7 +74,7 @@ def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.nda
             buf[start : start + len(values) * dtype.itemsize].view(_NUMPY[dtype])[:] = values
     packed = host.to(device, non_blocking=True)
     out: list[torch.Tensor] = [packed] * len(columns)
-    for (dtype, start, end, sizes, picks), members in zip(spans, groups.values()):
+    for dtype, start, end, members, sizes, picks in spans:
         view = packed[start:end].view(dtype)
         if len(members) == 1:
             out[members[0]] = view

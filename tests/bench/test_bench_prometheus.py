@@ -50,7 +50,8 @@ def test_span_between_two_scrapes_of_two_gateways() -> None:
     span = observed_ms(before, after, "radixserve_token_handoff_delay_seconds")
     assert span["count"] == 100
     assert span["mean"] == pytest.approx((98 * 1.5 + 2 * 100) / 100)
+    assert span["total_ms"] == pytest.approx(98 * 1.5 + 2 * 100)
     assert 1.0 < span["p50"] <= 2.0 and 1.0 < span["p90"] <= 2.0  # in the (1, 2] ms bucket
     assert 64 < span["p99"] <= 128  # the two slow messages, in (64, 128] ms
     arrivals = observed_ms(before, after, "radixserve_step_arrival_delay_seconds")
-    assert arrivals["count"] == 0 and math.isnan(arrivals["p99"])
+    assert arrivals["count"] == 0 and math.isnan(arrivals["p99"]) and arrivals["total_ms"] == 0
