@@ -398,7 +398,12 @@ class Streams:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        assert not any(t.is_alive() for t in self._threads), "a client is still waiting"
+        waiting = [i for i, t in enumerate(self._threads) if t.is_alive()]
+        now = time.monotonic()
+        assert not waiting, (
+            f"clients {waiting} still waiting after {timeout:.0f} s; tokens {self.tokens}, codes "
+            f"{self.codes}, seconds since each one's last token "
+            f"{[round(now - t, 1) if t else None for t in self.last_token_at]}")
 
 
 def assert_gone(pids: list[int], timeout: float = 10.0) -> None:

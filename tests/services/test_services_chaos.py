@@ -59,6 +59,10 @@ def make_stack(tmp_path: Path, demo_path: str) -> Iterator[Callable[..., Stack]]
 
     yield start
     for s in stacks:
+        # pytest shows this only for a failed test: the end of what the stack logged.
+        lines = s.log_file.read_text(errors="replace").splitlines() if s.log_file.exists() else []
+        print(f"--- {s.log_file.name}: last {min(len(lines), 200)} of {len(lines)} lines ---")
+        print("\n".join(lines[-200:]))
         for pid in [s.proc.pid, *child_pids(s.proc.pid)]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
