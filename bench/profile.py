@@ -6,10 +6,12 @@ wait (blocked on the previous step's sampled ids) and process (appending tokens,
 With overlap, a step costs max(host, device): when `wait` is near 0 the host is the bottleneck.
 --trace also runs a torch.profiler pass and prints the top host ops and the summed kernel time
 per step (device busy time), so host and device can be set side by side.
---host also splits `forward` into its parts: table flush, attention planning, the model (forward or
-graph replay, and the LM head), grammar masks, the sampling batch (build_sampling_batch), the
-sampler and `inputs`, the rest: the step's own tensors, the sampled ids' write-back and the copy to
-the host. On a CPU the model and the sampler are the device work; every other column is host time.
+--host also splits `forward` into its parts: the table flush (its writes staged, then applied), the
+step's one upload (table writes, indices and sampling options in one copy), attention planning,
+the model (forward or graph replay, and the LM head), grammar masks, the sampling batch (its host
+columns, then the batch from their device views), the sampler and `inputs`, the rest: the step's
+own tensors, the sampled ids' write-back and the copy to the host. On a CPU the model and the
+sampler are the device work; every other column is host time.
 --temperature samples (seeded, as the offline workload does) instead of greedy decoding.
 --stagger lengthens prompt i by i % page_size tokens: the rows then start new pages at different
 steps, as a served engine's rows do (some at almost every step), where rows in lockstep all start
@@ -47,7 +49,7 @@ from radixserve.engine.core import EngineCore
 
 PHASES = ("schedule", "forward", "wait", "process")
 # The parts of `forward` that --host times on their own; `inputs` is what is left of it.
-FORWARD_PARTS = ("flush", "prepare", "model", "grammar", "sampling_batch", "sampler")
+FORWARD_PARTS = ("flush", "upload", "prepare", "model", "grammar", "sampling_batch", "sampler")
 
 
 class _PartTimers:
@@ -58,10 +60,12 @@ class _PartTimers:
 
         r = core.runner
         self.spots: list[tuple[Any, str, str]] = [
-            (r.table, "flush", "flush"), (r.backend, "prepare", "prepare"),
+            (r.table, "stage_flush", "flush"), (r.table, "apply_flush", "flush"),
+            (model_runner.Upload, "send", "upload"), (r.backend, "prepare", "prepare"),
             (r.model, "forward", "model"), (r.model, "compute_logits", "model"),
             (model_runner, "fill_grammar_mask", "grammar"),
-            (model_runner, "build_sampling_batch", "sampling_batch"), (r, "sampler", "sampler")]
+            (model_runner, "sampling_columns", "sampling_batch"),
+            (model_runner, "sampling_batch", "sampling_batch"), (r, "sampler", "sampler")]
         if r.graphs is not None:  # a decode step's forward on CUDA: the graph's replay
             self.spots.append((r.graphs, "replay", "model"))
         if r.pieces is not None:

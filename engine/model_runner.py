@@ -40,10 +40,10 @@ from radixserve.engine.models.config import ModelArgs
 from radixserve.engine.models.dummy import init_dummy_model
 from radixserve.engine.models.loader import load_model
 from radixserve.engine.piecewise_graph import PiecewiseGraphRunner, token_buckets
-from radixserve.engine.sampling.batch import build_sampling_batch
+from radixserve.engine.sampling.batch import constrained_rows, sampling_batch, sampling_columns
 from radixserve.engine.sampling.sampler import SampleOutput, Sampler
 from radixserve.engine.scheduler.batch import Batch
-from radixserve.engine.upload import upload_columns
+from radixserve.engine.upload import Upload
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,9 @@ class StepColumns(NamedTuple):
 
 
 def step_columns(batch: Batch, slots: list[int], rows: list[int],
-                 dev: torch.device) -> StepColumns:
-    """The step's index columns, built from the batch's host lists and copied in one transfer.
+                 upload: Upload) -> tuple[int, slice]:
+    """The step's index columns, built from the batch's host lists and added to `upload`: the
+    step's token count T, and their part of it (`StepColumns(T, *upload.views(part))`).
 
         row:        0           1        2
         ext:        [ 3 tokens ][ 1 ][ 2 tokens ]      flat token axis of T = 6
@@ -75,12 +76,9 @@ def step_columns(batch: Batch, slots: list[int], rows: list[int],
     ends = list(itertools.accumulate(ext))  # ends[i] = starts[i] + ext[i]
     offsets = [p - (e - x) for p, e, x in zip(prefix, ends, ext)]
     i64 = torch.int64
-    (slots_d, offsets_d, ext_d, rows_d, last_d, sample_slots_d,
-     sample_pos_d) = upload_columns([
+    return ends[-1] if ends else 0, upload.add([
         (slots, i64), (offsets, i64), (ext, i64), (rows, i64), ([ends[i] - 1 for i in rows], i64),
-        ([slots[i] for i in rows], i64), ([seq[i] for i in rows], i64)], dev)
-    return StepColumns(ends[-1] if ends else 0, slots_d, offsets_d, ext_d, rows_d, last_d,
-                       sample_slots_d, sample_pos_d)
+        ([slots[i] for i in rows], i64), ([seq[i] for i in rows], i64)])
 
 
 def _comm_capturable() -> bool:
@@ -224,16 +222,24 @@ class ModelRunner:
 
     def _forward(self, batch: Batch) -> ForwardOutput:
         dev, table = self.device, self.table
-        table.flush()
         slot_list = [r.slot for r in batch.reqs]
         rows = [i for i, s in enumerate(batch.sample) if s]
-        cols = step_columns(batch, slot_list, rows, dev)
-        T = cols.num_tokens
+        # The table's writes, the step's indices and its sampling options: one copy to the device.
+        upload = Upload(dev)
+        writes = table.stage_flush(upload)
+        T, step_part = step_columns(batch, slot_list, rows, upload)
+        sampling = None
+        if rows:
+            sampling = sampling_columns(batch, rows, self.eos_ids, constrained_rows(batch, rows))
+            sampling_part = upload.add(list(sampling.columns.values()))
+        upload.send()
+        table.apply_flush(writes, upload)
+        cols = StepColumns(T, *upload.views(step_part))
         graph_layout = self._graph_layout(batch, slot_list, cols)
         if graph_layout is not None:
             assert self.graphs is not None
             logits = self.graphs.replay(graph_layout)  # (T, V): every row one new token
-            if not rows:
+            if sampling is None:
                 return self._no_samples()
             if len(rows) < T:
                 logits = logits[cols.last]
@@ -254,7 +260,7 @@ class ModelRunner:
             else:
                 with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
                     hidden = self.model(input_ids, pos_d)
-            if not rows:
+            if sampling is None:
                 return self._no_samples()
             logits = self.model.compute_logits(hidden[cols.last])
         # The host fills constrained rows' masks while the device runs the forward just launched.
@@ -266,7 +272,7 @@ class ModelRunner:
             if mask is not None:
                 self.grammar_mask_s += time.perf_counter() - fill_start
                 self.grammar_mask_steps += 1
-        sb = build_sampling_batch(batch, rows, self.eos_ids, dev, mask)
+        sb = sampling_batch(sampling, upload.views(sampling_part), mask, dev)
         out = self.sampler(logits, sb, table.token_pool)  # (S, V) in the model's dtype
         table.token_pool[cols.sample_slots, cols.sample_pos] = out.tokens
         return self._to_host(rows, out)

@@ -3,16 +3,20 @@
 A step's inputs and sampling options are a dozen short lists (slots, positions, temperatures,
 seeds, ...). `torch.tensor(values).to(device)` per list is a dozen copies, and on CUDA each one from
 pageable memory goes through a staging buffer on the host. `upload_columns` writes every list into
-one pinned byte buffer, copies it once, and returns typed views of the device copy:
+one pinned byte buffer, copies it once, and returns typed views of the device copy. `Upload` lets
+several producers (the table's writes, the step's indices, the sampling options) fill one such
+copy: in a served engine on the H200, taking the pinned buffer from torch's host allocator and
+starting the copy cost about 45 us of the engine thread each, per call (docs/benchmarks.md).
 
     host buffer (uint8):  [ int64 col 0 | pad ][ int64 col 2 ][ float32 col 1 | pad ] ...
     columns of one dtype lie together, each starting at a multiple of ALIGN bytes, so each group
     views as its dtype on the device and one split cuts it into its columns
 
-Every step calls this three times, on the engine thread whose host work bounds a small model's
-step, so it is written for the interpreter: lists are packed by `struct` (a C loop; numpy converts
-a list element by element, 2.5x slower for 200 ints) and a dtype's columns come from one split
-(a slice and a view per column were three times its cost).
+Every step calls this once or twice (the attention plan has an upload of its own), on the engine
+thread whose host work bounds a small model's step, so it is written for the interpreter: lists
+are packed by `struct` (a C loop; numpy converts a list element by element, 2.5x slower for 200
+ints) and a dtype's columns come from one split (a slice and a view per column were three times
+its cost).
 """
 
 from __future__ import annotations
@@ -83,3 +87,35 @@ def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.nda
         for i, k in zip(members, picks):
             out[i] = parts[k]
     return out
+
+
+class Upload:
+    """Columns that several producers `add` before one `send`; each reads its views afterwards.
+
+        up = Upload(device)
+        writes = up.add([(rows, torch.int64), (cols, torch.int64)])
+        step = up.add([(slots, torch.int64)])
+        up.send()                      # one copy
+        rows_d, cols_d = up.views(writes)
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._columns: list[tuple[Any, torch.dtype]] = []
+        self._views: list[torch.Tensor] | None = None
+
+    def add(self, columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.ndarray,
+                                          torch.dtype]]) -> slice:
+        """Queue `columns` (as `upload_columns` takes them); the slice names them in `views`."""
+        assert self._views is None, "columns added after the upload was sent"
+        start = len(self._columns)
+        self._columns.extend(columns)
+        return slice(start, len(self._columns))
+
+    def send(self) -> None:
+        self._views = upload_columns(self._columns, self.device)
+
+    def views(self, part: slice) -> list[torch.Tensor]:
+        """The device columns `add` returned `part` for, in the order they were added."""
+        assert self._views is not None, "views read before the upload was sent"
+        return self._views[part]

@@ -11,7 +11,7 @@ from typing import Iterable, Literal, NamedTuple, Sequence
 
 import numpy as np
 import torch
-from radixserve.engine.upload import upload_columns
+from radixserve.engine.upload import Upload
 
 
 class RowWrite(NamedTuple):
@@ -133,17 +133,27 @@ class TableManager:
 
     def flush(self) -> None:
         """Apply queued row writes to the device tensors: one copy, one index_put per tensor."""
-        groups = [(t, [p for p in self._pending if p[0] is t])
-                  for t in (self.page_table, self.token_pool)]
-        groups = [(t, parts) for t, parts in groups if parts]
-        if groups:
-            # rows, columns and values of each written tensor, in one upload (a decode step's
-            # only write, its new pages, needs no concatenation)
-            cols = upload_columns([(parts[0][k] if len(parts) == 1
-                                    else torch.cat([p[k] for p in parts]), torch.int64)
-                                   for _, parts in groups for k in (1, 2, 3)],
-                                  self.page_table.device)
-            for g, (target, _) in enumerate(groups):
-                rows, positions, values = cols[3 * g : 3 * g + 3]
-                target[rows, positions] = values
+        upload = Upload(self.page_table.device)
+        staged = self.stage_flush(upload)
+        upload.send()
+        self.apply_flush(staged, upload)
+
+    def stage_flush(self, upload: Upload) -> list[tuple[torch.Tensor, slice]]:
+        """Add the queued writes' rows, columns and values to `upload` (one set per written
+        tensor) and forget them; `apply_flush` writes them once it is sent."""
+        staged = []
+        for target in (self.page_table, self.token_pool):
+            parts = [p for p in self._pending if p[0] is target]
+            if parts:
+                # a decode step's only write, its new pages, needs no concatenation
+                staged.append((target, upload.add([
+                    (parts[0][k] if len(parts) == 1 else torch.cat([p[k] for p in parts]),
+                     torch.int64) for k in (1, 2, 3)])))
         self._pending.clear()
+        return staged
+
+    @staticmethod
+    def apply_flush(staged: list[tuple[torch.Tensor, slice]], upload: Upload) -> None:
+        for target, part in staged:
+            rows, positions, values = upload.views(part)
+            target[rows, positions] = values

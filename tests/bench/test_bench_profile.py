@@ -26,6 +26,26 @@ def test_profile_times_each_phase_and_returns_every_page(tmp_path):
     core.check_integrity()  # free + evictable == total, no slot or request left behind
 
 
+def test_profile_host_times_each_part_of_the_forward_and_unwraps_them(tmp_path):
+    core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=4,
+                      page_size=4, max_prefill_tokens=256)
+    from radixserve.engine import model_runner
+
+    before = (model_runner.Upload.send, model_runner.sampling_columns)
+    row = profile.profile_batch(core, 3, prompt_len=40, steps=8, trace=0, host=True,
+                                temperature=0.6, stagger=True)
+    parts = [row[f"{p}_ms"] for p in (*profile.FORWARD_PARTS, "inputs")]
+    assert all(math.isfinite(v) for v in parts)
+    # Every step flushes (staggered rows start pages), uploads once, builds and runs the sampling.
+    for p in ("flush", "upload", "model", "sampling_batch", "sampler"):
+        assert row[f"{p}_ms"] > 0, p
+    # The parts are unwrapped after: the class's, the module's and the table's own attributes.
+    assert (model_runner.Upload.send, model_runner.sampling_columns) == before
+    assert not {"stage_flush", "apply_flush"} & set(vars(core.runner.table))
+    assert not core.has_work()
+    core.check_integrity()
+
+
 def test_profile_prefill_runs_every_token_in_one_step_and_returns_every_page(tmp_path):
     core = build_core(write_model_dir("tiny", str(tmp_path)), device="cpu", max_running_requests=16,
                       page_size=1, max_prefill_tokens=256)

@@ -1,10 +1,11 @@
-"""upload_columns: one packed copy gives back exactly the columns torch.tensor would build."""
+"""upload_columns and Upload: one packed copy gives back exactly the columns torch.tensor would
+build."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from radixserve.engine.upload import upload_columns
+from radixserve.engine.upload import Upload, upload_columns
 
 COLUMNS = [
     ([True, False, True], torch.bool),  # 3 bytes: the next column starts after padding
@@ -53,3 +54,27 @@ def test_no_columns_and_empty_columns():
     assert upload_columns([], dev) == []
     (empty,) = upload_columns([([], torch.float32)], dev)
     assert empty.shape == (0,) and empty.dtype == torch.float32
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_upload_gives_each_producer_its_columns_from_one_copy(device):
+    up = Upload(torch.device(device))
+    writes = up.add([(torch.tensor([3, 1]), torch.int64), ([7, 8], torch.int64)])
+    nothing = up.add([])
+    sampling = up.add([((True, False, True), torch.bool), ([0.5, 2.0, 1.0], torch.float32)])
+    up.send()
+    assert [t.tolist() for t in up.views(writes)] == [[3, 1], [7, 8]]
+    assert up.views(nothing) == []
+    flags, temps = up.views(sampling)
+    assert flags.tolist() == [True, False, True] and temps.tolist() == [0.5, 2.0, 1.0]
+    # one copy: every view lies in one device buffer
+    assert len({t.untyped_storage().data_ptr() for t in up.views(slice(None))}) == 1
+    with pytest.raises(AssertionError, match="after the upload was sent"):
+        up.add([([1], torch.int64)])
+
+
+def test_views_before_send_are_refused():
+    up = Upload(torch.device("cpu"))
+    part = up.add([([1], torch.int64)])
+    with pytest.raises(AssertionError, match="before the upload was sent"):
+        up.views(part)
