@@ -5,7 +5,10 @@ One asyncio loop in one process reads every token of every stream, so at tens of
 tokens a second the client itself would set the pace. `LoadPool` with processes > 1 splits each
 level over worker processes started once (before any level is timed): worker i sends every P-th
 request with 1/P of the concurrency and 1/P of the rate (P independent Poisson streams at rate/P
-add up to one at rate), over connections of its own.
+add up to one at rate), over connections of its own. Each send also counts the CPU the client
+spent on it (every process that sent, all their threads), since a client on the server's machine
+takes cores that the services would otherwise have; like the services, the client runs on uvloop
+where it is installed (RADIXSERVE_EVENT_LOOP), which costs it less CPU per message.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
+from radixserve.services.common.lifecycle import run_event_loop
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -112,8 +116,9 @@ def _ready() -> None:
     pass
 
 
-def _send_share(target: str, work: Work, shape: Shape) -> list[RequestRecord]:
-    """A worker process's part of a level (its own event loop and connections)."""
+def _send_share(target: str, work: Work, shape: Shape) -> tuple[list[RequestRecord], float]:
+    """A worker process's part of a level (its own event loop and connections), and the CPU
+    seconds the worker spent on it."""
     async def main() -> list[RequestRecord]:
         channels = open_channels(target, shape.channels)
         try:
@@ -122,7 +127,17 @@ def _send_share(target: str, work: Work, shape: Shape) -> list[RequestRecord]:
             for channel in channels:
                 await channel.close()
 
-    return asyncio.run(main())
+    cpu_before = time.process_time()
+    records = run_event_loop(main())
+    return records, time.process_time() - cpu_before
+
+
+@dataclass
+class Sent:
+    """A level's records in the order of its work, and the client's CPU seconds sending it."""
+
+    records: list[RequestRecord]
+    cpu_s: float
 
 
 class LoadPool:
@@ -140,9 +155,11 @@ class LoadPool:
             for f in [self._pool.submit(_ready) for _ in range(processes)]:
                 f.result()  # workers started, this module imported, before the first level
 
-    async def send(self, work: Work, shape: Shape) -> list[RequestRecord]:
+    async def send(self, work: Work, shape: Shape) -> Sent:
         if self._pool is None:
-            return await send(self._stubs, work, shape)
+            cpu_before = time.process_time()
+            records = await send(self._stubs, work, shape)
+            return Sent(records, time.process_time() - cpu_before)
         p = self._processes
         shares = [list(work[i::p]) for i in range(p)]
         loop = asyncio.get_running_loop()
@@ -153,9 +170,9 @@ class LoadPool:
             for i, share in enumerate(shares) if share))
         # Back in the order of `work`: request j was worker (j % p)'s (j // p)-th.
         records: list[RequestRecord] = [RequestRecord(ok=False)] * len(work)
-        for i, part in enumerate(parts):
+        for i, (part, _) in enumerate(parts):
             records[i::p] = part
-        return records
+        return Sent(records, sum(cpu_s for _, cpu_s in parts))
 
     def close(self) -> None:
         if self._pool is not None:

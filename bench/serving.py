@@ -70,6 +70,7 @@ from radixserve.bench.workloads import (
     shared_prefix_work,
     warm_up_prompts,
 )
+from radixserve.services.common.lifecycle import run_event_loop
 from radixserve.services.gateway.routing import ROUTING_POLICIES  # what `serve --routing` takes
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
@@ -135,6 +136,8 @@ class LevelResult:
     replicas: list[ReplicaLoad]  # one per scheduler replica GetServerInfo reports
     # CPU time of each service of a --launch'ed stack during the level, in cores (1.0: one core)
     service_cores: dict[str, float] = dataclasses.field(default_factory=dict)
+    # the bench's own client (every sending process) during the level, in cores
+    client_cores: float = 0.0
     # From the services' metrics (none read: empty): plane_timing's (bench/plane_timing.py)
     plane: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -184,8 +187,9 @@ async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchCo
         metrics_before = await asyncio.to_thread(Reading.take, probes.metrics)
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         began = time.perf_counter()
-        records = await pool.send(work, shape)
+        sent = await pool.send(work, shape)
         duration = time.perf_counter() - began
+        records = sent.records
         cores = {name: (cpu_seconds(pid) - cpu_before[name]) / duration
                  for name, pid in pids.items()}
         metrics_after = await asyncio.to_thread(Reading.take, probes.metrics)
@@ -208,7 +212,7 @@ async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchCo
         cached_share=cached_share(sum(r.cached_tokens for r in done),
                                   sum(r.prompt_tokens for r in done)),
         server_cached_share=watch.cached_share, routing=watch.last.routing,
-        replicas=watch.replicas(), service_cores=cores,
+        replicas=watch.replicas(), service_cores=cores, client_cores=sent.cpu_s / duration,
         plane=plane_timing(metrics_before, metrics_after, duration) if probes.metrics else {},
     )
 
@@ -265,16 +269,18 @@ def format_table(results: list[LevelResult]) -> str:
 
 
 def format_cores(results: list[LevelResult]) -> str:
-    """Each service's CPU during each level: cores busy (1.00: one core), and microseconds of CPU
-    per output token. Empty when no service was measured (a --target run)."""
+    """Each service's CPU during each level, then the bench client's: cores busy (1.00: one core),
+    and microseconds of CPU per output token. Empty when no service was measured (a --target
+    run)."""
     names = sorted({name for r in results for name in r.service_cores})
     if not names:
         return ""
-    head = f"{'conc':>5} {'rate':>6} {'tok/s':>8} " + " ".join(f"{n:>20}" for n in names)
+    head = (f"{'conc':>5} {'rate':>6} {'tok/s':>8} " + " ".join(f"{n:>20}" for n in names)
+            + f" {'bench client':>20}")
     rows = ["service CPU per level: cores busy / us per output token", head, "-" * len(head)]
     for r in results:
         tokens = max(1.0, r.output_tok_s * r.duration_s)
-        cores = [r.service_cores.get(n, 0.0) for n in names]
+        cores = [r.service_cores.get(n, 0.0) for n in names] + [r.client_cores]
         cells = [f"{c:>8.2f} / {c * r.duration_s / tokens * 1e6:>9.1f}" for c in cores]
         rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} {r.output_tok_s:>8.1f} "
                     + " ".join(f"{c:>20}" for c in cells))
@@ -371,7 +377,7 @@ def routing_runs(args: argparse.Namespace, cfg: BenchConfig, serve_flags: list[s
         with stack(args, flags) as (target, proc):
             if proc is not None:
                 probes = dataclasses.replace(probes, pids=service_pids(proc.pid))
-            runs[policy] = asyncio.run(run(dataclasses.replace(cfg, target=target), probes))
+            runs[policy] = run_event_loop(run(dataclasses.replace(cfg, target=target), probes))
         reported = {r.routing for r in runs[policy]} - {""}
         if policy and reported - {policy}:
             print(f"asked for routing {policy}, the server reports {sorted(reported)}",

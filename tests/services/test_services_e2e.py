@@ -241,6 +241,8 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     (two,) = asyncio.run(bench_serving.run(cfg))
     assert two.completed == 6 and round(two.output_tok_s * two.duration_s) == 48
     assert two.itl_ms["p50"] > 0
+    # the client's CPU counts both workers' (a worker runs its own loop and channels)
+    assert two.client_cores > 0 and results[0].client_cores > 0
     # The plane's timing from the gateway's and the scheduler's metrics around the level: every
     # step and message of its 6 x 4 tokens counted once (the first tokens' steps included).
     urls = [f"http://127.0.0.1:{stack.metrics_port + i}/metrics" for i in (0, 1)]

@@ -68,7 +68,7 @@ def test_factory_only_when_the_variable_is_set(demo_path: str,
 
 
 def test_bench_serving_reports_each_service_cpu_on_a_synthetic_stack(
-        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from radixserve.bench import serving
 
     monkeypatch.setenv(STEP_MS_ENV, "10")  # inherited by serve and its scheduler
@@ -84,3 +84,5 @@ def test_bench_serving_reports_each_service_cpu_on_a_synthetic_stack(
     cores = level["service_cores"]
     assert set(cores) == {"gateway", "tokenizer", "scheduler", "detokenizer"}
     assert cores["gateway"] > 0 and all(c >= 0 for c in cores.values())
+    assert level["client_cores"] > 0  # the bench's own sending, apart from the services
+    assert "bench client" in capsys.readouterr().out.split("service CPU per level")[1]
