@@ -48,6 +48,8 @@ def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.nda
     the buffer is pinned, from torch's caching host allocator, which hands it out again only after
     the copy has run. On a CPU device the views are of the host buffer itself (a new one per call).
     """
+    if not columns:  # nothing to copy (a table flush with no queued writes): no buffer either
+        return []
     groups: dict[torch.dtype, list[int]] = {}  # dtype -> indices of its columns, in order
     for i, (_, dtype) in enumerate(columns):
         groups.setdefault(dtype, []).append(i)

@@ -44,3 +44,16 @@ def test_pending_writes_split_a_many_slot_write_into_rows_and_replay_exactly():
     assert torch.equal(lead.page_table, follower.page_table)
     assert torch.equal(lead.page_table_cpu, follower.page_table_cpu)
     assert torch.equal(lead.token_pool, follower.token_pool)
+
+
+def test_flush_with_nothing_queued_makes_no_buffer(monkeypatch):
+    """A flush between writes is free: no host buffer taken (pinned on CUDA), no copy."""
+    t = table()
+    t.alloc_pages(1, 0, [3])
+    t.flush()
+    taken = []
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: taken.append(a) or real_empty(*a, **k))
+    t.flush()
+    assert taken == []
+    assert t.page_table[1, :4].tolist() == [12, 13, 14, 15]
