@@ -71,11 +71,10 @@ def sampling_columns(batch: Batch, rows: list[int], eos_ids: tuple[int, ...],
     # row is left to its grammar, which may allow nothing but the end.
     ban_rows: list[int] = []
     ban_ids: list[int] = []
-    early = [j for j, (s, m) in enumerate(zip(steps, min_new_tokens)) if s < m]
-    free = set(early) - set(constrained)
-    for j in early:
+    constrained = set(constrained)
+    for j in [j for j, (s, m) in enumerate(zip(steps, min_new_tokens)) if s < m]:
         p = params[j]
-        if j in free:
+        if j not in constrained:
             ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
             ban_rows += [j] * len(ids)
             ban_ids += sorted(ids)
