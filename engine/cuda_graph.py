@@ -16,6 +16,7 @@ import logging
 import torch
 from radixserve.engine.attention import AttentionBackend, AttentionMetadata, StepLayout
 from radixserve.engine.context import ForwardContext, forward_context
+from radixserve.engine.host_buffers import HostBuffers
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.kvcache.table import TableManager
 from radixserve.engine.models.base import CausalLM
@@ -48,6 +49,7 @@ class CudaGraphRunner:
         G = self.max_batch
         # rows: slot, position, valid
         self.inputs = torch.zeros(3, G, dtype=torch.int64, device=dev)
+        self._host = HostBuffers(pin=True)  # the inputs' host side, one replay a step
         self.out_loc = torch.full((G,), self.dummy_loc, dtype=torch.int64, device=dev)
         P = kv_pool.page_size
         backend.init_cuda_graph(G, table.width // P, P, dummy_page, table.page_table,
@@ -101,11 +103,8 @@ class CudaGraphRunner:
         assert layout.slot_list is not None, "a replay takes the rows' slots from the host"
         B = len(layout.slot_list)
         bs = self.sizes[bisect.bisect_left(self.sizes, B)]
-        host = torch.zeros(3, bs, dtype=torch.int64)
-        host[0, :B] = torch.tensor(layout.slot_list, dtype=torch.int64)
-        # the one new token's position
-        host[1, :B] = torch.tensor(layout.prefix_lens, dtype=torch.int64)
-        host[2, :B] = 1
+        # rows slot, position (of the one new token) and valid; padded rows read slot 0
+        host = self._host.pack_rows([layout.slot_list, layout.prefix_lens, [1] * B], bs, (0, 0, 0))
         self.inputs[:, :bs].copy_(host, non_blocking=True)
         self.backend.plan_graph(bs, layout)
         self.graphs[bs].replay()

@@ -27,6 +27,7 @@ from radixserve.engine.constrained.bitmask import fill_grammar_mask
 from radixserve.engine.context import ForwardContext, forward_context
 from radixserve.engine.cuda_graph import CudaGraphRunner, graph_batch_sizes
 from radixserve.engine.distributed import get_comm
+from radixserve.engine.host_buffers import HostBuffers
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.kvcache.table import TableManager
 from radixserve.engine.memory import (
@@ -96,14 +97,16 @@ class ForwardOutput:
     """Sampled results of one step, on the host once `ready` has completed.
 
     On CUDA every step records `ready`, a step that samples nothing included, and its caller waits
-    for step N - 1 before it plans step N + 1 (EngineCore with overlap, the TP followers). Host
-    buffers that a step's asynchronous copies read are reused on that promise: FlashInfer's plans
-    alternate two pinned buffers (attention/flashinfer_backend.py, `_Planner`). Without a wait, a
-    run of steps that only prefill chunks of long prompts let the host run steps ahead of the
-    device, and a plan overwrote a buffer whose copy had not run yet."""
+    for step N - 1, and reads its `sample`, before it plans step N + 1 (EngineCore with overlap,
+    the TP followers). Host buffers that a step's asynchronous copies read or write are reused on
+    that promise, two steps later (host_buffers.py): the step's upload, its sampled ids, the decode
+    graph's inputs and FlashInfer's plans. Without a wait, a run of steps that only prefill chunks
+    of long prompts let the host run steps ahead of the device, and a plan overwrote a buffer whose
+    copy had not run yet."""
 
     rows: list[int]  # batch rows that sampled, in order
-    sample: SampleOutput  # host tensors (copied asynchronously)
+    # host tensors (copied asynchronously), views of a buffer the step after next writes again
+    sample: SampleOutput
     ready: torch.cuda.Event | None
 
     def wait(self) -> None:
@@ -138,6 +141,8 @@ class ModelRunner:
         if note:
             log.warning("attention backend %s: %s", self.backend.name, note)
         self.sampler = Sampler()
+        # host sides of the step's one upload and of its sampled ids' copy back (host_buffers.py)
+        self.upload_buffers, self.output_buffers = HostBuffers(cuda), HostBuffers(cuda)
         self.grammar_mask_s, self.grammar_mask_steps = 0.0, 0  # host time filling masks, summed
         graph_sizes = self._graph_sizes()
         piece_buckets = self._piece_buckets()
@@ -225,7 +230,7 @@ class ModelRunner:
         slot_list = [r.slot for r in batch.reqs]
         rows = [i for i, s in enumerate(batch.sample) if s]
         # The table's writes, the step's indices and its sampling options: one copy to the device.
-        upload = Upload(dev)
+        upload = Upload(dev, self.upload_buffers)
         writes = table.stage_flush(upload)
         T, step_part = step_columns(batch, slot_list, rows, upload)
         sampling = None
@@ -304,9 +309,9 @@ class ModelRunner:
                              self._step_done())
 
     def _to_host(self, rows: list[int], out: SampleOutput) -> ForwardOutput:
-        # non_blocking device-to-host copies land in pinned buffers; the event says when.
-        host = SampleOutput(*(t.to("cpu", non_blocking=True) if t is not None else None
-                              for t in out))
+        # asynchronous copies into one host buffer of the runner's; the event says when they ran
+        copies = iter(self.output_buffers.receive([t for t in out if t is not None]))
+        host = SampleOutput(*(next(copies) if t is not None else None for t in out))
         return ForwardOutput(rows, host, self._step_done())
 
     def _step_done(self) -> torch.cuda.Event | None:

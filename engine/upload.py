@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from radixserve.engine.host_buffers import HostBuffers
 
 # Bytes. 8 would do for the widest dtype a column takes, but Triton compiles a kernel once per
 # combination of its pointer arguments being multiples of 16 bytes or not: columns read by a
@@ -40,13 +41,14 @@ _STRUCT = {torch.bool: "?", torch.int32: "i", torch.int64: "q", torch.float32: "
 
 def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.ndarray,
                                            torch.dtype]],
-                   device: torch.device) -> list[torch.Tensor]:
+                   device: torch.device, buffers: HostBuffers | None = None) -> list[torch.Tensor]:
     """`[torch.tensor(values, dtype=dtype) on device for values, dtype in columns]`, in one copy.
     Values are a list or tuple of Python numbers, a 1-D cpu tensor or a 1-D numpy array.
 
     Each result is a 1-D view of one device buffer. The copy does not wait for the host: on CUDA
-    the buffer is pinned, from torch's caching host allocator, which hands it out again only after
-    the copy has run. On a CPU device the views are of the host buffer itself (a new one per call).
+    the host buffer is pinned, taken from `buffers` (a caller that uploads once a step: the buffer
+    is reused two steps later) or else from torch's caching host allocator, which hands it out
+    again only after the copy has run. On a CPU device the views are of the host buffer itself.
     """
     if not columns:  # nothing to copy (a table flush with no queued writes): no buffer either
         return []
@@ -71,7 +73,10 @@ def upload_columns(columns: Sequence[tuple[Sequence[Any] | torch.Tensor | np.nda
             gap = (padded - n * size) // size
             total += padded
         spans.append((dtype, start, end, members, sizes, picks))
-    host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    if buffers is not None:
+        host = buffers.take(total)
+    else:
+        host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
     buf = host.numpy()
     for (values, dtype), start in zip(columns, offsets):
         if isinstance(values, (list, tuple)):
@@ -101,8 +106,9 @@ class Upload:
         rows_d, cols_d = up.views(writes)
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, buffers: HostBuffers | None = None) -> None:
+        """`buffers`: where the host side is staged (see `upload_columns`)."""
+        self.device, self.buffers = device, buffers
         self._columns: list[tuple[Any, torch.dtype]] = []
         self._views: list[torch.Tensor] | None = None
 
@@ -115,7 +121,7 @@ class Upload:
         return slice(start, len(self._columns))
 
     def send(self) -> None:
-        self._views = upload_columns(self._columns, self.device)
+        self._views = upload_columns(self._columns, self.device, self.buffers)
 
     def views(self, part: slice) -> list[torch.Tensor]:
         """The device columns `add` returned `part` for, in the order they were added."""

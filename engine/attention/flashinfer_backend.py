@@ -43,6 +43,7 @@ from radixserve.engine.attention.mixed import (
     prepare_mixed,
 )
 from radixserve.engine.attention.small_decode import SmallBatchDecode
+from radixserve.engine.host_buffers import HostBuffers
 
 if TYPE_CHECKING:
     from radixserve.engine.attention.flashinfer_direct import DecodeCall, DirectPrefill
@@ -67,20 +68,20 @@ class _Planner:
 
     FlashInfer writes its schedule into a pinned buffer and copies it to the device on the stream.
     With one step in flight, the next step is planned before that copy may have run; a second
-    buffer keeps the pending copy's source intact. Two steps back has always completed: the
-    engine waits for every step's `ForwardOutput.ready`, steps that sample nothing included.
+    buffer keeps the pending copy's source intact (host_buffers.py: a plan a step, so the buffer
+    of two steps back is free).
     """
 
     def __init__(self, wrapper: Any) -> None:
         self.wrapper = wrapper
-        first = wrapper._pin_memory_int_workspace_buffer
-        self._pinned = [first, torch.empty_like(first, pin_memory=True)]
-        self._turn = 0
+        own = wrapper._pin_memory_int_workspace_buffer  # what FlashInfer allocated: its size
+        self._shape, self._dtype = own.shape, own.dtype
+        self._nbytes = own.numel() * own.element_size()
+        self._pinned = HostBuffers(pin=True)
 
     def next_pinned(self) -> torch.Tensor:
         """The buffer for the next plan to stage its schedule in."""
-        self._turn ^= 1
-        return self._pinned[self._turn]
+        return self._pinned.take(self._nbytes).view(self._dtype).view(self._shape)
 
     def plan(self, *args: Any, **kwargs: Any) -> None:
         self.wrapper._pin_memory_int_workspace_buffer = self.next_pinned()

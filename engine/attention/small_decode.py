@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 from radixserve.engine import pdl
 from radixserve.engine.attention.base import LayerCall
+from radixserve.engine.host_buffers import HostBuffers
 
 try:
     import triton
@@ -239,6 +240,9 @@ class SmallBatchDecode:
         spare = max(sh.spare for sh in shapes)
         self.work = torch.full((2, max(1, spare)), -1, dtype=torch.int64, device=dev)
         self._listed = False  # some row's shares or the work list may be set
+        # the host sides of `plan`'s copies, one plan a step (host_buffers.py)
+        pin = dev.type == "cuda"
+        self._host_rows, self._host_work = HostBuffers(pin), HostBuffers(pin)
         # a graph of B rows writes parts [0, B * num_heads * splits_for(B)) where the device
         # decides, [0, (B + spare) * num_heads) where the shares are listed
         parts = num_heads * max(
@@ -260,11 +264,10 @@ class SmallBatchDecode:
 
     def plan(self, batch_size: int, slots: list[int], seq_lens: list[int]) -> None:
         """Rows past len(slots) are padding: slot 0, one key (its result is never read)."""
-        pad = batch_size - len(slots)
         shape = self.shape_at(batch_size)
-        host = [list(slots) + [0] * pad, list(seq_lens) + [1] * pad]
         if not shape.spare or max(seq_lens, default=0) <= shape.long_tiles * shape.block_n:
-            self.rows[:2, :batch_size].copy_(torch.tensor(host), non_blocking=True)
+            host = self._host_rows.pack_rows([slots, seq_lens], batch_size, (0, 1))
+            self.rows[:2, :batch_size].copy_(host, non_blocking=True)
             if self._listed:  # no row split: clear the last listed plan's shares and items
                 self.rows[2:].zero_()
                 self.work.fill_(-1)
@@ -280,9 +283,11 @@ class SmallBatchDecode:
             for s in range(1, n):
                 items[0][extra], items[1][extra] = i, s
                 extra += 1
-        self.rows[:, :batch_size].copy_(torch.tensor(host + [per, used, first]),
-                                        non_blocking=True)
-        self.work[:, : shape.spare].copy_(torch.tensor(items), non_blocking=True)
+        host = self._host_rows.pack_rows([slots, seq_lens, per, used, first], batch_size,
+                                         (0, 1, 0, 0, 0))
+        self.rows[:, :batch_size].copy_(host, non_blocking=True)
+        work = self._host_work.pack_rows(items, shape.spare, (-1, -1))
+        self.work[:, : shape.spare].copy_(work, non_blocking=True)
         self._listed = True
 
     def bind(self, batch_size: int) -> LayerCall:
