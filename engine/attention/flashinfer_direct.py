@@ -46,6 +46,7 @@ from radixserve.engine.attention.base import (
     pages_per_request,
     prefix_sums,
 )
+from radixserve.engine.host_buffers import HostBuffers
 from radixserve.engine.upload import upload_columns
 
 PAGED_RUN_PARAMS = (
@@ -91,7 +92,10 @@ def _params(fn: Any) -> tuple[str, ...]:
 class _Inputs:
     """One step's plan inputs: host lists, the host tensors `plan` reads, the device copies."""
 
-    def __init__(self, layout: StepLayout, fa3: bool, device: torch.device) -> None:
+    def __init__(self, layout: StepLayout, fa3: bool, device: torch.device,
+                 buffers: HostBuffers | None = None) -> None:
+        """`buffers`: where the upload is staged (`upload_columns`); a step's plan passes the
+        planner's own, a one-off check none."""
         P, seq, ext = layout.page_size, layout.seq_lens, layout.extend_lens
         npages = pages_per_request(seq, P)
         self.batch, self.rows = len(seq), sum(ext)
@@ -111,7 +115,7 @@ class _Inputs:
         if layout.slot_list is not None:
             cells = page_cells(layout.slot_list, npages, layout.page_table.size(1), P)
             columns.append((cells, torch.int64))
-        cols = upload_columns(columns, device)
+        cols = upload_columns(columns, device, buffers)
         self.qo, self.kv, self.last, self.kv_lens, self.plan_kv = cols[:5]
         if cells is not None:
             self.indices = pages_at(layout.page_table, cols[5], P)
@@ -144,6 +148,7 @@ class DirectPrefill:
         self._iws = _attr(w, "_int_workspace_buffer")
         self._ws_size = _attr(w, "_workspace_size")
         self.device = _attr(w, "device")
+        self._host = HostBuffers(pin=self.device.type == "cuda")  # the plan's upload, one a step
         self._to_offsets: Any = None
         if self.backend == "fa3":
             self._offsets_buf = _attr(w, "_vector_sparse_indices_buffer")
@@ -185,7 +190,7 @@ class DirectPrefill:
         """Plan a step (its schedule staged in `pinned`, a buffer that no pending copy reads) and
         return the call that runs one layer of it."""
         P = layout.page_size
-        inputs = _Inputs(layout, self.backend == "fa3", self.device)
+        inputs = _Inputs(layout, self.backend == "fa3", self.device, self._host)
         plan_info = self._plan_info(inputs, P, pinned, self._iws)
         if self._to_offsets is not None:
             # run's conversion, hoisted out of the layers: every layer's pages have the pool's
