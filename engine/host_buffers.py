@@ -22,7 +22,6 @@ from __future__ import annotations
 import struct
 from typing import Sequence
 
-import numpy as np
 import torch
 
 TURNS = 2  # one step in flight beside the one being launched (see above)
@@ -39,41 +38,51 @@ class HostBuffers:
 
     def take(self, nbytes: int) -> torch.Tensor:
         """(nbytes,) uint8, the first bytes of the next buffer in turn; its contents are what the
-        last caller left. A buffer too small is replaced by one twice as large or `nbytes`,
-        whichever is more: the one it replaces stays alive while tensors view it (and, being from
-        torch's caching host allocator, until the copies recorded on it have run)."""
+        last caller left."""
+        return self._next(nbytes)[:nbytes]
+
+    def _next(self, nbytes: int) -> torch.Tensor:
+        """The next buffer in turn, whole: at least `nbytes`, a multiple of 8 bytes if every
+        request was. A buffer too small is replaced by one twice as large or `nbytes`, whichever
+        is more: the one it replaces stays alive while tensors view it (and, being from torch's
+        caching host allocator, until the copies recorded on it have run)."""
         i = self._turn
         self._turn = (i + 1) % len(self._buffers)
         buf = self._buffers[i]
         if buf.numel() < nbytes:
             buf = torch.empty(max(nbytes, 2 * buf.numel()), dtype=torch.uint8, pin_memory=self.pin)
             self._buffers[i] = buf
-        return buf[:nbytes]
+        return buf
 
     def receive(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Host copies of `tensors` (any device, any dtype), in one buffer from `take`, each
+        """Host copies of `tensors` (any device, any dtype), in the next buffer in turn, each
         tensor at a multiple of 8 bytes; on CUDA the copies are asynchronous (read them once the
-        stream has run them)."""
+        stream has run them). Run every step, so with as few torch calls as it takes: two views
+        and the copy for a 1-D tensor."""
         spans, total = [], 0
         for t in tensors:
-            spans.append(total)
-            total += -(-t.numel() * t.element_size() // 8) * 8
-        buf = self.take(total)
+            n = t.numel() * t.element_size()
+            spans.append((total, total + n))
+            total += -(-n // 8) * 8
+        buf = self._next(total)
         out = []
-        for t, start in zip(tensors, spans):
-            host = buf[start : start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        for t, (start, end) in zip(tensors, spans):
+            host = buf[start:end].view(t.dtype)
+            if t.dim() != 1:
+                host = host.view(t.shape)
             out.append(host.copy_(t, non_blocking=True))
         return out
 
     def pack_rows(self, rows: Sequence[Sequence[int]], width: int,
                   fill: Sequence[int]) -> torch.Tensor:
-        """(len(rows), width) int64 on the host, in a buffer from `take`: row r holds rows[r],
+        """(len(rows), width) int64 on the host, in the next buffer in turn: row r holds rows[r],
         then fill[r] up to `width` (the padding of a graph's rows)."""
-        buf = self.take(8 * width * len(rows))
-        host = buf.numpy().view(np.int64).reshape(len(rows), width)
+        R = len(rows)
+        packed = self._next(8 * width * R).view(torch.int64)[: R * width].view(R, width)
+        host = packed.numpy()
         for r, (values, pad) in enumerate(zip(rows, fill, strict=True)):
             n = len(values)
             # struct packs a list in one C loop; numpy converts one element at a time (3x slower)
             struct.pack_into(f"{n}q", host[r], 0, *values)
             host[r, n:] = pad
-        return buf.view(torch.int64).view(len(rows), width)
+        return packed
