@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from radixserve.engine.causal import attended_keys
+from radixserve.engine.host_buffers import HostBuffers
 from radixserve.engine.upload import upload_columns
 
 if TYPE_CHECKING:
@@ -234,13 +235,15 @@ def pages_at(page_table: torch.Tensor, cells: torch.Tensor, page_size: int) -> t
     return (page_table.view(-1)[cells] // page_size).to(torch.int32)
 
 
-def layout_page_ids(layout: StepLayout, num_pages: list[int]) -> torch.Tensor:
+def layout_page_ids(layout: StepLayout, num_pages: list[int],
+                    buffers: HostBuffers | None = None) -> torch.Tensor:
     """`page_indices` of the layout's requests: where the layout has its slots on the host, from
     their page cells in one upload and one gather (3 kernels instead of 10, each one's launch
-    paid in host time every step)."""
+    paid in host time every step). `buffers`: where a caller that plans once a step stages the
+    upload (`upload_columns`)."""
     P = layout.page_size
     if layout.slot_list is None:
         return page_indices(layout.page_table, layout.slots, num_pages, P)
     cells = page_cells(layout.slot_list, num_pages, layout.page_table.size(1), P)
-    (cells_d,) = upload_columns([(cells, torch.int64)], layout.page_table.device)
+    (cells_d,) = upload_columns([(cells, torch.int64)], layout.page_table.device, buffers)
     return pages_at(layout.page_table, cells_d, P)

@@ -77,7 +77,9 @@ class _Planner:
         own = wrapper._pin_memory_int_workspace_buffer  # what FlashInfer allocated: its size
         self._shape, self._dtype = own.shape, own.dtype
         self._nbytes = own.numel() * own.element_size()
-        self._pinned = HostBuffers(pin=True)
+        pin = own.is_pinned()  # as FlashInfer's own (always, on CUDA)
+        self._pinned = HostBuffers(pin)
+        self.page_ids = HostBuffers(pin)  # the host side of the plan's page ids' upload
 
     def next_pinned(self) -> torch.Tensor:
         """The buffer for the next plan to stage its schedule in."""
@@ -140,13 +142,12 @@ class FlashInferBackend(AttentionBackend):
         P, seq = layout.page_size, layout.seq_lens
         npages = pages_per_request(seq, P)
         kv_indptr, last = _indptr(npages), _last_page_lens(seq, npages, P)
-        indices = layout_page_ids(layout, npages)
+        planner = self._decode if layout.is_decode else self._prefill
+        indices = layout_page_ids(layout, npages, planner.page_ids)
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         if layout.is_decode:
-            planner = self._decode
             planner.plan(kv_indptr, indices, last, nh, nkv, hd, P, **self._heads())
             return FlashInferMetadata(layout.out_loc, planner.wrapper, self._bind_decode())
-        planner = self._prefill
         planner.plan(_indptr(layout.extend_lens), kv_indptr, indices, last, nh, nkv, hd, P,
                      causal=True, **self._heads())
         if not self._direct_decided:
@@ -274,8 +275,9 @@ class FlashInferBackend(AttentionBackend):
         P = layout.page_size
         assert P == self._page_size, "graphs were captured for another page size"
         npages = pages_per_request(layout.seq_lens, P)
-        self._plan_padded(self._graphs[batch_size], batch_size, layout.seq_lens, npages,
-                          layout_page_ids(layout, npages))
+        planner = self._graphs[batch_size]
+        self._plan_padded(planner, batch_size, layout.seq_lens, npages,
+                          layout_page_ids(layout, npages, planner.page_ids))
 
     def _plan_padded(self, planner: _Planner, batch_size: int, seq_lens: list[int],
                      npages: list[int], real: torch.Tensor | None) -> None:

@@ -67,3 +67,30 @@ def test_receive_copies_tensors_of_mixed_dtypes_into_one_buffer() -> None:
     buffers.receive([tokens])
     buffers.receive([torch.zeros(3, dtype=torch.int64)])  # two takes on: the same memory
     assert got[0].tolist() == [0, 0, 0]
+
+
+class _Wrapper:
+    """A stand-in FlashInfer wrapper: its plan reads the staging buffer it is given."""
+
+    def __init__(self) -> None:
+        self._pin_memory_int_workspace_buffer = torch.zeros(64, dtype=torch.uint8)
+        self.staged: list[torch.Tensor] = []
+
+    def plan(self, *args: object, **kwargs: object) -> None:
+        self.staged.append(self._pin_memory_int_workspace_buffer)
+
+
+def test_a_flashinfer_plan_stages_in_two_buffers_in_turn() -> None:
+    from radixserve.engine.attention.flashinfer_backend import _Planner
+
+    wrapper = _Wrapper()
+    planner = _Planner(wrapper)
+    for _ in range(3):
+        planner.plan()
+    first, second, third = wrapper.staged
+    assert [b.shape for b in wrapper.staged] == [(64,)] * 3
+    assert all(b.dtype == torch.uint8 for b in wrapper.staged)
+    # a plan's copy may still be pending while the next step plans: never the same buffer twice
+    # in a row, and the step after next has it again
+    assert first.data_ptr() != second.data_ptr()
+    assert third.data_ptr() == first.data_ptr()
