@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -43,11 +44,13 @@ class StepLayout:
     # device work (`page_cells`)
     slot_list: list[int] | None = None
 
-    @property
+    # Read by the runner, the graphs and the backend in one step: computed once a layout (the
+    # lists are the step's and never change).
+    @functools.cached_property
     def extend_lens(self) -> list[int]:
         return [s - p for s, p in zip(self.seq_lens, self.prefix_lens)]
 
-    @property
+    @functools.cached_property
     def is_decode(self) -> bool:
         return all(e == 1 for e in self.extend_lens)
 

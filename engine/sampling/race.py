@@ -177,8 +177,11 @@ def _launch(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tenso
         assert key is not None
         k = key.contiguous()
         key_args = (k, k, k, k)
+    # bool and int8 share a size: a view, where a cast was a kernel and an allocation a step
+    flags = greedy.contiguous()
+    flags = flags.view(torch.int8) if flags.dtype == torch.bool else flags.to(torch.int8)
     _race_kernel[(S, parts)](logits, logits.stride(0), temperature.reshape(S).contiguous(),
-                             *key_args, greedy.to(torch.int8).contiguous(), best, best_idx, V,
+                             *key_args, flags, best, best_idx, V,
                              parts, blocks, BLOCK=_BLOCK, DERIVE=seeds is not None, num_warps=8)
     # one build per vocabulary size, whatever the parts (a new build mid-serve would stall a step)
     _pick_kernel[(S,)](best, best_idx, out, parts, PARTS=triton.next_power_of_2(-(-V // _BLOCK)),
