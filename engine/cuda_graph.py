@@ -47,8 +47,10 @@ class CudaGraphRunner:
         self.dummy_loc = dummy_page * kv_pool.page_size
         dev = table.page_table.device
         G = self.max_batch
-        # rows: slot, position, valid
-        self.inputs = torch.zeros(3, G, dtype=torch.int64, device=dev)
+        # The graph of bs rows reads rows slot, position and valid of bs each from inputs[:3 * bs]:
+        # contiguous, so a replay's inputs are one plain copy (into a strided (3, G) slice, torch
+        # copies through a temporary and a second kernel)
+        self.inputs = torch.zeros(3 * G, dtype=torch.int64, device=dev)
         self._host = HostBuffers(pin=True)  # the inputs' host side, one replay a step
         self.out_loc = torch.full((G,), self.dummy_loc, dtype=torch.int64, device=dev)
         P = kv_pool.page_size
@@ -85,7 +87,7 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def _body(self, bs: int, meta: AttentionMetadata) -> torch.Tensor:
-        slots, positions, valid = self.inputs[0, :bs], self.inputs[1, :bs], self.inputs[2, :bs]
+        slots, positions, valid = self.inputs[: 3 * bs].view(3, bs)
         ids = self.table.token_pool[slots, positions]  # (bs,)
         loc = self.table.page_table[slots, positions]
         self.out_loc[:bs].copy_(torch.where(valid > 0, loc, self.dummy_loc))
@@ -105,7 +107,7 @@ class CudaGraphRunner:
         bs = self.sizes[bisect.bisect_left(self.sizes, B)]
         # rows slot, position (of the one new token) and valid; padded rows read slot 0
         host = self._host.pack_rows([layout.slot_list, layout.prefix_lens, [1] * B], bs, (0, 0, 0))
-        self.inputs[:, :bs].copy_(host, non_blocking=True)
+        self.inputs[: 3 * bs].copy_(host.view(-1), non_blocking=True)
         self.backend.plan_graph(bs, layout)
         self.graphs[bs].replay()
         return self.logits[bs][:B]

@@ -6,7 +6,8 @@ pageable memory goes through a staging buffer on the host. `upload_columns` writ
 one pinned byte buffer, copies it once, and returns typed views of the device copy. `Upload` lets
 several producers (the table's writes, the step's indices, the sampling options) fill one such
 copy: in a served engine on the H200, taking the pinned buffer from torch's host allocator and
-starting the copy cost about 45 us of the engine thread each, per call (docs/benchmarks.md).
+starting the copy cost about 45 us of the engine thread each, per call (docs/benchmarks.md). The
+model runner's step upload takes its pinned buffer from `HostBuffers` (host_buffers.py) instead.
 
     host buffer (uint8):  [ int64 col 0 | pad ][ int64 col 2 ][ float32 col 1 | pad ] ...
     columns of one dtype lie together, each starting at a multiple of ALIGN bytes, so each group

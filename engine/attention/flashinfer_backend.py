@@ -255,6 +255,7 @@ class FlashInferBackend(AttentionBackend):
     def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> FlashInferMetadata:
         small = self._small_rows(batch_size)
         if small is not None:
+            small.plan(batch_size, [], [])  # placeholder: every row is padding
             return FlashInferMetadata(out_loc, None, small.bind(batch_size))
         wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
             self._workspace, "NHD", use_cuda_graph=True,

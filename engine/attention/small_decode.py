@@ -117,9 +117,10 @@ if triton is not None:
         tl.store(out_ptr + b * o_stride_b + h[:, None] * o_stride_h + d[None, :],
                  res.to(out_ptr.dtype.element_ty), mask=(g < GROUP)[:, None])
 
-    @triton.jit
+    # rows_stride is the graph's row count: one build for every size, not one per divisibility
+    @triton.jit(do_not_specialize=["rows_stride"])
     def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, work_ptr, out_ptr, po_ptr,
-                       plse_ptr, arrivals_ptr, sm_scale, max_rows, table_stride, q_stride_b,
+                       plse_ptr, arrivals_ptr, sm_scale, rows_stride, table_stride, q_stride_b,
                        q_stride_h, kv_stride_t, kv_stride_h, o_stride_b, o_stride_h,
                        NH: tl.constexpr, NKV: tl.constexpr, GROUP: tl.constexpr,
                        GROUP_P: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -130,7 +131,7 @@ if triton is not None:
         if SPARE == 0:  # shares decided here: program_id(2) of up to SPLITS per row
             b, s = tl.program_id(0), tl.program_id(2)
             slot = tl.load(rows_ptr + b)
-            seq = tl.load(rows_ptr + max_rows + b)
+            seq = tl.load(rows_ptr + rows_stride + b)
             tiles = tl.cdiv(seq, BLOCK_N)
             per = tl.cdiv(tiles, tl.minimum(tiles, SPLITS))
             used = tl.cdiv(tiles, per)
@@ -144,11 +145,11 @@ if triton is not None:
             s = tl.where(pid < rows, 0, tl.load(work_ptr + SPARE + item))  # -1: no item
             b = tl.maximum(b, 0)
             slot = tl.load(rows_ptr + b)
-            seq = tl.load(rows_ptr + max_rows + b)
-            per = tl.load(rows_ptr + 2 * max_rows + b)  # tiles per share, 0: the whole row
-            used = tl.maximum(tl.load(rows_ptr + 3 * max_rows + b), 1)
+            seq = tl.load(rows_ptr + rows_stride + b)
+            per = tl.load(rows_ptr + 2 * rows_stride + b)  # tiles per share, 0: the whole row
+            used = tl.maximum(tl.load(rows_ptr + 3 * rows_stride + b), 1)
             per = tl.where(per == 0, tl.cdiv(seq, BLOCK_N), per)
-            part0 = tl.load(rows_ptr + 4 * max_rows + b) * NH + kvh * GROUP
+            part0 = tl.load(rows_ptr + 4 * rows_stride + b) * NH + kvh * GROUP
             s_stride, h_stride = NH, 1
         g = tl.arange(0, GROUP_P)
         heads = kvh * GROUP + g
@@ -231,10 +232,11 @@ class SmallBatchDecode:
         self.sm_scale, self.max_rows, self.page_table = sm_scale, max_rows, page_table
         self._shape = shape
         dev = page_table.device
-        # slot, length; for listed shares also the tiles per share (0: the whole row), the
-        # shares and the first of the row's parts
-        self.rows = torch.zeros(5, max_rows, dtype=torch.int64, device=dev)
-        self.rows[1].fill_(1)
+        # The rows of a graph of B rows (`rows(B)`): slot, length; for listed shares also the
+        # tiles per share (0: the whole row), the shares and the first of the row's parts. Each
+        # a run of B values from the buffer's start, so a plan's rows are one plain copy (into a
+        # strided slice torch copies through a temporary and a second kernel).
+        self._rows = torch.zeros(5 * max_rows, dtype=torch.int64, device=dev)
         shapes = [self.shape_at(b) for b in range(1, max_rows + 1)]
         # the spare programs' items: row (-1: none) and share
         spare = max(sh.spare for sh in shapes)
@@ -262,14 +264,26 @@ class SmallBatchDecode:
         # 128 checked on the H200 (the GPU tests), 64 by the interpreter
         return triton is not None and device.type == "cuda" and head_dim in (64, 128)
 
+    def rows(self, batch_size: int) -> torch.Tensor:
+        """(5, batch_size) int64: the rows the graph of `batch_size` rows reads (a view)."""
+        return self._rows[: 5 * batch_size].view(5, batch_size)
+
     def plan(self, batch_size: int, slots: list[int], seq_lens: list[int]) -> None:
-        """Rows past len(slots) are padding: slot 0, one key (its result is never read)."""
+        """Rows past len(slots) are padding: slot 0, one key (its result is never read). Plan each
+        size once before its graph is captured (`plan(B, [], [])`: all padding): graphs of other
+        sizes write the same buffer."""
         shape = self.shape_at(batch_size)
-        if not shape.spare or max(seq_lens, default=0) <= shape.long_tiles * shape.block_n:
+        if not shape.spare:  # slot and length only
             host = self._host_rows.pack_rows([slots, seq_lens], batch_size, (0, 1))
-            self.rows[:2, :batch_size].copy_(host, non_blocking=True)
-            if self._listed:  # no row split: clear the last listed plan's shares and items
-                self.rows[2:].zero_()
+            self._rows[: 2 * batch_size].copy_(host.view(-1), non_blocking=True)
+            return
+        if max(seq_lens, default=0) <= shape.long_tiles * shape.block_n:
+            # no row split: no shares (their rows are written anyway: a plan of another size
+            # left its values there) and no items
+            host = self._host_rows.pack_rows([slots, seq_lens, [], [], []], batch_size,
+                                             (0, 1, 0, 0, 0))
+            self._rows[: 5 * batch_size].copy_(host.view(-1), non_blocking=True)
+            if self._listed:
                 self.work.fill_(-1)
                 self._listed = False
             return
@@ -285,7 +299,7 @@ class SmallBatchDecode:
                 extra += 1
         host = self._host_rows.pack_rows([slots, seq_lens, per, used, first], batch_size,
                                          (0, 1, 0, 0, 0))
-        self.rows[:, :batch_size].copy_(host, non_blocking=True)
+        self._rows[: 5 * batch_size].copy_(host.view(-1), non_blocking=True)
         work = self._host_work.pack_rows(items, shape.spare, (-1, -1))
         self.work[:, : shape.spare].copy_(work, non_blocking=True)
         self._listed = True
@@ -305,8 +319,8 @@ class SmallBatchDecode:
             # (runs when a graph is captured, not when it replays)
             assert k.stride(0) == k.size(1) * k.stride(1) and v.stride() == k.stride()
             _decode_kernel[grid](
-                q, k, v, table, self.rows, self.work, out, self._parts_o, self._parts_lse,
-                self._arrivals, self.sm_scale, self.max_rows, table.stride(0), q.stride(0),
+                q, k, v, table, self._rows, self.work, out, self._parts_o, self._parts_lse,
+                self._arrivals, self.sm_scale, batch_size, table.stride(0), q.stride(0),
                 q.stride(1), k.stride(1), k.stride(2), out.stride(0), out.stride(1), NH=nh,
                 NKV=nkv, GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd,
                 BLOCK_N=block_n, SPLITS=splits, SPARE=spare, CHUNK=MERGE_CHUNK,

@@ -65,7 +65,7 @@ def test_the_plan_lists_each_share_once_and_a_plan_without_long_rows_clears_it()
         lens = _lengths(rng, rows - 3, rng.randint(1, 12))  # 3 padded rows
         small.plan(rows, list(range(rows - 3)), lens)
         shares = list_shares(lens, WIDE_SHAPE)
-        per, used, first = (small.rows[k].tolist() for k in (2, 3, 4))
+        per, used, first = (small.rows(rows)[k].tolist() for k in (2, 3, 4))
         items = list(zip(*small.work.tolist()))
         listed = [(r, s) for r, s in items if r >= 0]
         assert len(listed) == sum(n - 1 for _, n in shares.values())
@@ -83,12 +83,28 @@ def test_the_plan_lists_each_share_once_and_a_plan_without_long_rows_clears_it()
                 assert per[i] == used[i] == 0  # whole row, read from its length
         assert len(parts) == len(set(parts)) and max(parts, default=0) < rows + spare
     small.plan(rows, [0], [100])
-    assert not small.rows[2:].any() and (small.work == -1).all() and not small._listed
+    assert not small.rows(rows)[2:].any() and (small.work == -1).all() and not small._listed
 
 
 def test_narrow_graphs_decide_their_shares_on_the_device():
     table = torch.zeros(8, 8, dtype=torch.int64)
     small = SmallBatchDecode(16, 8, HD, HD**-0.5, 8, table)
     small.plan(8, list(range(8)), [40000] * 8)  # long rows, but a narrow graph
-    assert not small._listed and not small.rows[2:].any() and (small.work == -1).all()
-    assert small.rows[:2, :8].tolist() == [list(range(8)), [40000] * 8]
+    assert not small._listed and (small.work == -1).all()
+    assert small.rows(8)[:2].tolist() == [list(range(8)), [40000] * 8]
+
+
+def test_graphs_of_other_sizes_leave_nothing_in_a_plans_rows():
+    """Every size's rows start at the same buffer's start: a plan writes all of its own, so the
+    shares of a wider graph's plan, or its lengths, never read as this one's."""
+    table = torch.zeros(64, 8, dtype=torch.int64)
+    small = SmallBatchDecode(16, 8, HD, HD**-0.5, 64, table)
+    assert small.shape_at(48) == small.shape_at(64) == WIDE_SHAPE
+    small.plan(64, list(range(64)), [9000] * 64)  # long rows: shares listed
+    assert small.rows(64)[3].max() > 1
+    small.plan(48, list(range(40)), [100] * 40)
+    assert small.rows(48).tolist() == [list(range(40)) + [0] * 8, [100] * 40 + [1] * 8,
+                                       [0] * 48, [0] * 48, [0] * 48]
+    assert (small.work == -1).all()
+    small.plan(16, [], [])  # a narrow graph's placeholder: all padding
+    assert small.rows(16)[:2].tolist() == [[0] * 16, [1] * 16]
