@@ -69,8 +69,9 @@ class CudaGraphRunner:
         pool = torch.cuda.graph_pool_handle()
         sizes = list(reversed(self.sizes))
         for bs in tqdm(sizes, desc="Capturing CUDA graphs", disable=not progress, unit="graph"):
-            meta = self.backend.graph_metadata(bs, self.out_loc[:bs])
             with torch.cuda.stream(self.stream):
+                # on the stream the warm-up runs on: its placeholder plan's copies come first
+                meta = self.backend.graph_metadata(bs, self.out_loc[:bs])
                 for _ in range(2):  # warm-up outside capture: lazy inits, autotuning, JIT loads
                     self._body(bs, meta)
             self.stream.synchronize()
