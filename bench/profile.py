@@ -9,9 +9,9 @@ per step (device busy time), so host and device can be set side by side.
 --host also splits `forward` into its parts: the table flush (its writes staged, then applied), the
 step's one upload (table writes, indices and sampling options in one copy), attention planning,
 the model (forward or graph replay, and the LM head), grammar masks, the sampling batch (its host
-columns, then the batch from their device views), the sampler and `inputs`, the rest: the step's
-own tensors, the sampled ids' write-back and the copy to the host. On a CPU the model and the
-sampler are the device work; every other column is host time.
+columns, then the batch from their device views), the sampler (with the sampled ids' write into
+the token pool) and `inputs`, the rest: the step's own tensors and the ids' copy to the host. On a
+CPU the model and the sampler are the device work; every other column is host time.
 --temperature samples (seeded, as the offline workload does) instead of greedy decoding.
 --stagger lengthens prompt i by i % page_size tokens: the rows then start new pages at different
 steps, as a served engine's rows do (some at almost every step), where rows in lockstep all start

@@ -278,8 +278,8 @@ class ModelRunner:
                 self.grammar_mask_s += time.perf_counter() - fill_start
                 self.grammar_mask_steps += 1
         sb = sampling_batch(sampling, upload.views(sampling_part), mask, dev)
-        out = self.sampler(logits, sb, table.token_pool)  # (S, V) in the model's dtype
-        table.token_pool[cols.sample_slots, cols.sample_pos] = out.tokens
+        # logits (S, V) in the model's dtype; the ids also written into the token pool
+        out = self.sampler(logits, sb, table.token_pool, cols.sample_slots, cols.sample_pos)
         return self._to_host(rows, out)
 
     def _graph_layout(self, batch: Batch, slot_list: list[int],

@@ -33,6 +33,15 @@ _BLOCK = 2048
 _PROGRAMS_PER_SM = 4  # parts of the vocabulary in flight per SM when rows are few
 
 
+class PoolWrite(NamedTuple):
+    """Where the sampled ids go besides the result: pool[slots[i], positions[i]] = token of row i
+    (the token pool the next step reads its inputs from)."""
+
+    pool: torch.Tensor  # (slots, width) int64
+    slots: torch.Tensor  # (S,) int64
+    positions: torch.Tensor  # (S,) int64
+
+
 class RowSeeds(NamedTuple):
     """What a row's key derives from (device tensors, (S,) int64 each)."""
 
@@ -135,15 +144,21 @@ if triton is not None:
                  tl.min(tl.where(best == top, best_idx, V), axis=0))
 
     @triton.jit(do_not_specialize=["parts"])
-    def _pick_kernel(best_ptr, best_idx_ptr, out_ptr, parts, PARTS: tl.constexpr):
-        """Each row's winner among its parts: the best score, the first column among equals."""
+    def _pick_kernel(best_ptr, best_idx_ptr, out_ptr, parts, pool_ptr, slots_ptr, pos_ptr,
+                     pool_stride, PARTS: tl.constexpr, STORE: tl.constexpr):
+        """Each row's winner among its parts: the best score, the first column among equals;
+        with STORE also into the token pool at the row's slot and position (`PoolWrite`)."""
         row = tl.program_id(0)
         offs = tl.arange(0, PARTS)
         mask = offs < parts
         s = tl.load(best_ptr + row * parts + offs, mask=mask, other=float("-inf"))
         i = tl.load(best_idx_ptr + row * parts + offs, mask=mask, other=2147483647)
         top = tl.max(s, axis=0)
-        tl.store(out_ptr + row, tl.min(tl.where(s == top, i, 2147483647), axis=0).to(tl.int64))
+        token = tl.min(tl.where(s == top, i, 2147483647), axis=0).to(tl.int64)
+        tl.store(out_ptr + row, token)
+        if STORE:
+            slot = tl.load(slots_ptr + row)
+            tl.store(pool_ptr + slot * pool_stride + tl.load(pos_ptr + row), token)
 
 
 @functools.cache
@@ -161,7 +176,8 @@ def _parts(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
 
 
 def _launch(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
-            key: torch.Tensor | None, seeds: RowSeeds | None) -> torch.Tensor:
+            key: torch.Tensor | None, seeds: RowSeeds | None,
+            into: PoolWrite | None = None) -> torch.Tensor:
     S, V = logits.shape
     dev = logits.device
     out = torch.empty(S, dtype=torch.int64, device=dev)
@@ -184,7 +200,11 @@ def _launch(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tenso
                              *key_args, flags, best, best_idx, V,
                              parts, blocks, BLOCK=_BLOCK, DERIVE=seeds is not None, num_warps=8)
     # one build per vocabulary size, whatever the parts (a new build mid-serve would stall a step)
-    _pick_kernel[(S,)](best, best_idx, out, parts, PARTS=triton.next_power_of_2(-(-V // _BLOCK)),
+    # and per STORE: the write into the pool rides in it, where an index_put was a launch a step
+    pool = (into.pool, into.slots.contiguous(), into.positions.contiguous(), into.pool.stride(0)) \
+        if into is not None else (out, out, out, 0)
+    _pick_kernel[(S,)](best, best_idx, out, parts, *pool,
+                       PARTS=triton.next_power_of_2(-(-V // _BLOCK)), STORE=into is not None,
                        num_warps=1)
     return out
 
@@ -202,9 +222,13 @@ def race(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor,
 
 
 def race_seeded(logits: torch.Tensor, temperature: torch.Tensor, seeds: RowSeeds,
-                greedy: torch.Tensor) -> torch.Tensor:
+                greedy: torch.Tensor, into: PoolWrite | None = None) -> torch.Tensor:
     """`race` with the keys `row_keys(seeds)`, which the kernel derives itself (on a CPU, a dozen
-    elementwise ops; on CUDA they were as many kernel launches per step)."""
+    elementwise ops; on CUDA they were as many kernel launches per step); the ids also written
+    `into` the token pool where given."""
     if not _on_triton(logits):
-        return race_torch(logits, temperature, row_keys(seeds), greedy)
-    return _launch(logits, temperature, greedy, None, seeds)
+        tokens = race_torch(logits, temperature, row_keys(seeds), greedy)
+        if into is not None:
+            into.pool[into.slots, into.positions] = tokens
+        return tokens
+    return _launch(logits, temperature, greedy, None, seeds, into)

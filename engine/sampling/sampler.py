@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 from radixserve.engine.constrained.bitmask import GrammarMask, apply_grammar_mask
-from radixserve.engine.sampling.race import RowSeeds, race_seeded
+from radixserve.engine.sampling.race import PoolWrite, RowSeeds, race_seeded
 
 
 @dataclass
@@ -55,11 +55,13 @@ class SampleOutput(NamedTuple):
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, sb: SamplingBatch,
-                 token_pool: torch.Tensor) -> SampleOutput:
+    def __call__(self, logits: torch.Tensor, sb: SamplingBatch, token_pool: torch.Tensor,
+                 slots: torch.Tensor, positions: torch.Tensor) -> SampleOutput:
         """logits: (S, V) in the model's dtype, not modified. They are cast to float32 only where a
         step changes them or wants logprobs: the draw and a greedy argmax read them as they are
-        (the cast of (256, 152k) logits cost as much as the draw itself)."""
+        (the cast of (256, 152k) logits cost as much as the draw itself). The sampled ids also go
+        into token_pool[slots, positions] ((S,) each), where the next step reads its inputs: on
+        CUDA the seeded draw's last kernel writes them there."""
         raw = logits
         if sb.grammar is not None:  # first, so that no later step can make a banned token win
             logits = apply_grammar_mask(logits, sb.grammar)  # a float32 copy
@@ -69,7 +71,12 @@ class Sampler:
             self._apply_penalties(logits, sb.penalties, token_pool)
         if sb.suppress is not None:
             logits[sb.suppress[0], sb.suppress[1]] = float("-inf")
-        tokens = logits.argmax(dim=-1) if sb.all_greedy else self._draw(logits, sb)
+        into = PoolWrite(token_pool, slots, positions)
+        if sb.all_greedy:
+            tokens = logits.argmax(dim=-1)
+            token_pool[slots, positions] = tokens
+        else:
+            tokens = self._draw(logits, sb, into)
         if not sb.want_logprobs:
             return SampleOutput(tokens, None, None, None)
         logp = torch.log_softmax(raw.float(), dim=-1)  # logprobs of the model's own distribution
@@ -79,13 +86,13 @@ class Sampler:
         top = logp.topk(sb.num_top_logprobs, dim=-1)
         return SampleOutput(tokens, chosen, top.indices, top.values)
 
-    def _draw(self, logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, sb: SamplingBatch, into: PoolWrite) -> torch.Tensor:
         if sb.min_p is not None or sb.top_k is not None or sb.top_p is not None:
             logits = logits.float()
             logits = logits.masked_fill(~self._kept(logits, sb), float("-inf"))
         # one noise stream per (seed, output index), keyed inside the draw
         return race_seeded(logits, sb.temperature, RowSeeds(sb.seed_lo, sb.seed_hi, sb.step),
-                           sb.greedy)
+                           sb.greedy, into)
 
     @staticmethod
     def _kept(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:

@@ -337,6 +337,13 @@ for logits, temp, seeds, greedy in _race_cases("cpu"):
     derived = race._launch(logits, temp, greedy, None, seeds)
     keyed = race._launch(logits, temp, greedy, race.row_keys(seeds), None)
     assert torch.equal(derived, want) and torch.equal(keyed, want), (logits.shape, derived, want)
+    # the ids also into a token pool, at each row's slot and position, and nowhere else
+    S = logits.size(0)
+    pool = torch.full((S + 3, 40), -1, dtype=torch.int64)
+    slots, positions = torch.randperm(S + 3)[:S], torch.randint(0, 40, (S,))
+    into = race.PoolWrite(pool, slots, positions)
+    assert torch.equal(race._launch(logits, temp, greedy, None, seeds, into), want)
+    assert torch.equal(pool[slots, positions], want) and int((pool != -1).sum()) == S
     print(tuple(logits.shape), race._parts(*logits.shape, None))
 """
 
@@ -351,10 +358,27 @@ def test_race_kernel_in_the_triton_interpreter():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_race_kernel_derives_keys_and_splits_rows_on_the_gpu():
-    from radixserve.engine.sampling.race import race_seeded, race_torch, row_keys
+    from radixserve.engine.sampling.race import PoolWrite, race_seeded, race_torch, row_keys
 
     for logits, temp, seeds, greedy in _race_cases("cuda"):
-        got = race_seeded(logits, temp, seeds, greedy)
+        S = logits.size(0)
+        pool = torch.full((S + 3, 40), -1, dtype=torch.int64, device="cuda")
+        slots = torch.randperm(S + 3, device="cuda")[:S]
+        positions = torch.randint(0, 40, (S,), device="cuda")
+        got = race_seeded(logits, temp, seeds, greedy, PoolWrite(pool, slots, positions))
         want = race_torch(logits, temp, row_keys(seeds), greedy)
         assert torch.equal(got[greedy], want[greedy])
         assert (got == want).float().mean() > 0.98  # log() differs in the last bit between the two
+        assert torch.equal(pool[slots, positions], got) and int((pool != -1).sum()) == S
+
+
+def test_the_torch_draw_writes_its_ids_into_the_pool_too():
+    """On a CPU (no Triton kernel) the seeded draw writes the pool itself, as the kernel does."""
+    from radixserve.engine.sampling.race import PoolWrite, race_seeded, race_torch, row_keys
+
+    logits, temp, seeds, greedy = next(iter(_race_cases("cpu")))
+    pool = torch.full((4, 8), -1, dtype=torch.int64)
+    got = race_seeded(logits, temp, seeds, greedy,
+                      PoolWrite(pool, torch.tensor([2]), torch.tensor([5])))
+    assert torch.equal(got, race_torch(logits, temp, row_keys(seeds), greedy))
+    assert int(pool[2, 5]) == int(got[0]) and int((pool != -1).sum()) == 1
