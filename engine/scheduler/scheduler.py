@@ -24,7 +24,7 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.kvcache.base import PrefixCache
 from radixserve.engine.kvcache.table import TableManager
-from radixserve.engine.request import Req, ReqStatus
+from radixserve.engine.request import Req, ReqStatus, split_running
 from radixserve.engine.sampling.params import FinishReason
 from radixserve.engine.scheduler.admission import OutputEstimate
 from radixserve.engine.scheduler.batch import Batch
@@ -353,13 +353,7 @@ class Scheduler:
         running requests that decode this step and those still prefilling."""
         P = self.page_size
         while True:
-            decodes: list[Req] = []
-            prefilling: list[Req] = []
-            for r in self.running:
-                if r.can_decode:
-                    decodes.append(r)
-                elif not r.prefill_done:
-                    prefilling.append(r)
+            decodes, prefilling = split_running(self.running)
             if not self.estimate.optimistic or len(self.running) <= 1:
                 return RunningSplit(decodes, prefilling)
             need = sum(1 for r in decodes if r.cached_len % P == 0)
