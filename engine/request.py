@@ -58,6 +58,9 @@ class Req:
     # Structured output: the request's place in its grammar, advanced by each token the host learns.
     grammar: GrammarMatcher | None = None
     queued_at: float = 0.0  # time.monotonic() when it was queued (Scheduler.add)
+    # The token ids that end it: its stop_token_ids, and the model's EOS ids unless ignore_eos
+    # (set by EngineCore.add_request, which knows the EOS ids).
+    end_ids: frozenset[int] = frozenset()
     prompt_array: np.ndarray = field(init=False, repr=False)
     # Read several times per request and step, so resolved once: prompt and params never change.
     prompt_len: int = field(init=False)
