@@ -7,7 +7,6 @@ been given a (wasted) slot in step N+1; its result is simply dropped.
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
@@ -24,6 +23,7 @@ from radixserve.engine.constrained.bitmask import fill_grammar_mask
 from radixserve.engine.constrained.compiler import Grammar, GrammarCompiler
 from radixserve.engine.constrained.matcher import GrammarMatcher
 from radixserve.engine.device import resolve_device, resolve_dtype
+from radixserve.engine.finish import finish_reason
 from radixserve.engine.kvcache import create_prefix_cache
 from radixserve.engine.kvcache.allocator import PageAllocator
 from radixserve.engine.model_runner import ForwardOutput, ModelRunner
@@ -36,7 +36,6 @@ from radixserve.engine.scheduler.scheduler import Scheduler
 from radixserve.engine.step_times import HOST_BOUNDS, HOST_PHASES, StepTimes, TimeHistogram
 from radixserve.engine.tp.launch import TPLeader, building
 
-log = logging.getLogger(__name__)
 # While the device computes a step, the engine waits for commands (`launched_hook`) until this
 # share of the step's expected length has passed, then for the device: a step shorter than the
 # median by more than this is read late by the difference.
@@ -164,7 +163,7 @@ class EngineCore:
             raise InvalidRequestError("the compiled grammar is not the request's constraint")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         req = Req(rid, list(prompt_ids), params, max_new, seed)
-        # the ids that end it (`_finish_reason`), read for each of its outputs
+        # the ids that end it (`finish_reason`), read for each of its outputs
         req.end_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else frozenset(info.eos_token_ids))
         if grammar is not None:  # each request (each of n completions too) has its own matcher
@@ -268,7 +267,7 @@ class EngineCore:
         logprobs = None
         with_logprobs = out.sample.logprobs is not None  # None: no row of the step wants them
         # Every sampled row of every step runs this loop, so it is written for the interpreter:
-        # a row that cannot end here skips _finish_reason (`end_ids` and the length are all that
+        # a row that cannot end here skips finish_reason (`end_ids` and the length are all that
         # can end an unconstrained one), and outputs are built as tuple.__new__ builds them for
         # NamedTuple._make, without the generated __new__'s Python call (together 110 against 65
         # us for 192 rows on a CPU).
@@ -286,7 +285,7 @@ class EngineCore:
                     and len(outputs) < req.max_new_tokens):
                 reason = None
             else:
-                reason = self._finish_reason(req, token)
+                reason = finish_reason(req, token, self.model_info.eos_token_ids)
             if reason is not None:
                 self.scheduler.finish(req, reason)
                 del self._reqs[req.rid]
@@ -297,36 +296,6 @@ class EngineCore:
                                             req.matched_len)))
         self.host_times.observe("process", time.perf_counter() - done)
         return results
-
-    def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
-        # The sampler bans these ids until min_new_tokens are out, so no length check is needed.
-        p = req.params
-        if req.grammar is not None:
-            return self._grammar_finish(req, token)
-        if not p.ignore_eos and token in self.model_info.eos_token_ids:
-            return "eos"
-        if token in p.stop_token_ids:
-            req.matched_stop_token = token
-            return "stop_token"
-        if len(req.output_ids) >= req.max_new_tokens:
-            return "length"
-        return None
-
-    def _grammar_finish(self, req: Req, token: int) -> FinishReason | None:
-        """A constrained request ends when its grammar accepts a stop token (EOS or one of
-        stop_token_ids; the mask allows them only where the grammar is complete) or on length."""
-        g = req.grammar
-        assert g is not None
-        if not g.accept(token):  # the mask allowed nothing (cannot happen with a sane grammar)
-            log.warning("request %s: sampled token %d is outside its grammar", req.rid, token)
-            return "aborted"
-        assert g.num_accepted == len(req.output_ids), "grammar and outputs out of step"
-        if g.terminated:
-            if token in req.params.stop_token_ids:
-                req.matched_stop_token = token
-                return "stop_token"
-            return "eos"
-        return "length" if len(req.output_ids) >= req.max_new_tokens else None
 
     @staticmethod
     def _logprobs(out: ForwardOutput, j: int, req: Req) -> list[TokenLogprobs] | None:
