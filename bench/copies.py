@@ -106,3 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                           "ratio": us["buffers"] / us["allocator"]})
     print_table(f"host time a call (medians of {a.calls}): {device_name(a.device)}", table)
     write_json(a.json, {"part": "copies", "device": device_name(a.device), "rows": table})
+
+
+if __name__ == "__main__":
+    main()

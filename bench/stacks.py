@@ -96,3 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     stacks = read(args.file.read_text().splitlines(), args.thread, args.under, args.lines)
     print(format_report(stacks, args.top))
     return 0 if stacks.samples else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
