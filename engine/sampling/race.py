@@ -41,6 +41,10 @@ class PoolWrite(NamedTuple):
     slots: torch.Tensor  # (S,) int64
     positions: torch.Tensor  # (S,) int64
 
+    def write(self, tokens: torch.Tensor) -> None:
+        """The write where no kernel does it (a greedy argmax, the torch draw)."""
+        self.pool[self.slots, self.positions] = tokens
+
 
 class RowSeeds(NamedTuple):
     """What a row's key derives from (device tensors, (S,) int64 each)."""
@@ -229,6 +233,6 @@ def race_seeded(logits: torch.Tensor, temperature: torch.Tensor, seeds: RowSeeds
     if not _on_triton(logits):
         tokens = race_torch(logits, temperature, row_keys(seeds), greedy)
         if into is not None:
-            into.pool[into.slots, into.positions] = tokens
+            into.write(tokens)
         return tokens
     return _launch(logits, temperature, greedy, None, seeds, into)

@@ -74,7 +74,7 @@ class Sampler:
         into = PoolWrite(token_pool, slots, positions)
         if sb.all_greedy:
             tokens = logits.argmax(dim=-1)
-            token_pool[slots, positions] = tokens
+            into.write(tokens)
         else:
             tokens = self._draw(logits, sb, into)
         if not sb.want_logprobs:
