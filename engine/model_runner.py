@@ -259,10 +259,10 @@ class ModelRunner:
             out_loc = table.page_table[slot_tok_d, pos_d]
             layout = StepLayout(cols.slots, batch.prefix_lens, batch.seq_lens, out_loc,
                                 table.page_table, self.config.page_size, slot_list)
-            meta = self.backend.prepare(layout)
             if self.pieces is not None and self.pieces.can_run(T):
-                hidden = self.pieces.run(input_ids, pos_d, out_loc, meta)
+                hidden = self.pieces.run(input_ids, pos_d, out_loc, self.pieces.prepare(layout))
             else:
+                meta = self.backend.prepare(layout)
                 with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
                     hidden = self.model(input_ids, pos_d)
             if sampling is None:

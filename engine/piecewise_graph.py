@@ -21,7 +21,8 @@ import logging
 from collections.abc import Callable
 
 import torch
-from radixserve.engine.attention import AttentionBackend, AttentionMetadata
+from radixserve.engine.attention import AttentionBackend, AttentionMetadata, StepLayout
+from radixserve.engine.attention.base import LayerCall, PiecesPlan
 from radixserve.engine.context import ForwardContext, forward_context
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.memory import piece_buffer_bytes
@@ -69,6 +70,9 @@ class PiecewiseGraphRunner:
         self.residual = torch.zeros(G, H, dtype=dtype, device=dev)
         self.hidden = torch.zeros(G, H, dtype=dtype, device=dev)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph | _Eager]] = {}
+        # per bucket, where the backend has one: the decode call captured in each piece, over its
+        # first `width` rows (`AttentionBackend.piece_decode`)
+        self.decodes: dict[int, tuple[int, LayerCall]] = {}
 
     @property
     def buffer_bytes(self) -> int:
@@ -82,6 +86,7 @@ class PiecewiseGraphRunner:
 
         if self.stream is None:
             for T in self.buckets:
+                self._plan_decode(T)
                 self.graphs[T] = [_Eager(lambda k=k, T=T: self._piece(k, T))
                                   for k in range(self.model.num_pieces)]
             return self.buffer_bytes
@@ -92,6 +97,7 @@ class PiecewiseGraphRunner:
         for T in tqdm(list(reversed(self.buckets)), desc="Capturing piecewise graphs",
                       disable=not progress, unit="bucket"):
             with torch.cuda.stream(self.stream):  # warm-up outside capture: JIT builds, autotuning
+                self._plan_decode(T)  # its placeholder plan's copy goes before the warm-up
                 for k in range(self.model.num_pieces):
                     self._piece(k, T)
             self.stream.synchronize()
@@ -110,9 +116,15 @@ class PiecewiseGraphRunner:
                  self.model.num_pieces, used / 2**20)
         return used + self.buffer_bytes
 
+    def _plan_decode(self, T: int) -> None:
+        found = self.backend.piece_decode(T)
+        if found is not None:
+            self.decodes[T] = found
+
     @torch.inference_mode()
     def _piece(self, k: int, T: int) -> None:
-        """Piece k over the first T rows of the static buffers."""
+        """Piece k over the first T rows of the static buffers; then, where the bucket has one,
+        the decode call of layer k over its first rows (their KV was just stored)."""
         last = k == self.model.num_pieces - 1
         meta = AttentionMetadata(self.out_loc[:T])  # the KV store reads only the locations
         with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
@@ -121,24 +133,44 @@ class PiecewiseGraphRunner:
         (self.hidden if last else self.q)[:T].copy_(out)
         if not last and residual is not None and residual.data_ptr() != self.residual.data_ptr():
             self.residual[:T].copy_(residual)  # the fused add+norm updates the buffer in place
+        if not last and T in self.decodes:
+            width, decode = self.decodes[T]
+            k_pages, v_pages = self.kv_pool.pages[k]
+            decode(self.q[:width], k_pages, v_pages, self.attn_out[:width])
+
+    def bucket(self, num_tokens: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
+
+    def prepare(self, layout: StepLayout) -> PiecesPlan:
+        """The backend's plan of a step for these pieces: its decode rows for the call captured
+        in them where the bucket has one, the rest for the calls between them."""
+        found = self.decodes.get(self.bucket(len(layout.out_loc)))
+        if found is None:
+            return PiecesPlan(0, self.backend.prepare(layout))
+        return self.backend.prepare_pieces(layout, found[0])
 
     def can_run(self, num_tokens: int) -> bool:
         return 0 < num_tokens <= self.max_tokens
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor,
-            meta: AttentionMetadata) -> torch.Tensor:
-        """ids, positions, out_loc: (T,) on the device; meta: the backend's plan of this step.
-        Returns the final hidden states (T, hidden), a view of a static buffer: read it before the
-        next step. Call on the model runner's stream."""
+            plan: PiecesPlan) -> torch.Tensor:
+        """ids, positions, out_loc: (T,) on the device; plan: `prepare`'s for this step. Returns
+        the final hidden states (T, hidden), a view of a static buffer: read it before the next
+        step. Call on the model runner's stream."""
         T = ids.size(0)
-        bucket = self.buckets[bisect.bisect_left(self.buckets, T)]
+        bucket = self.bucket(T)
         self.ids[:T].copy_(ids)
         self.positions[:T].copy_(positions)
         self.out_loc[:T].copy_(out_loc)
         self.out_loc[T:bucket].fill_(self.dummy_loc)  # padded rows write into the dummy page
         pieces = self.graphs[bucket]
-        # straight into the buffer the next piece reads
-        attend = self.backend.bind_layers(self.q[:T], self.attn_out[:T], meta, self.kv_pool)
+        d, rest = plan  # rows [0, d) were attended inside the pieces
+        if rest is None:
+            for piece in pieces:
+                piece.replay()
+            return self.hidden[:T]
+        # straight into the buffer the next piece reads, after what the piece wrote there
+        attend = self.backend.bind_layers(self.q[d:T], self.attn_out[d:T], rest, self.kv_pool)
         for i in range(len(pieces) - 1):
             pieces[i].replay()
             attend(i)

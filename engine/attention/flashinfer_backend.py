@@ -29,6 +29,7 @@ from radixserve.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
     LayerCall,
+    PiecesPlan,
     StepCall,
     StepLayout,
     last_page_lens,
@@ -40,7 +41,9 @@ from radixserve.engine.attention.mixed import (
     MixedMetadata,
     attend_mixed,
     bind_mixed,
+    leading_decode_rows,
     prepare_mixed,
+    split_layout,
 )
 from radixserve.engine.attention.small_decode import SmallBatchDecode
 from radixserve.engine.host_buffers import HostBuffers
@@ -247,6 +250,30 @@ class FlashInferBackend(AttentionBackend):
         self._g_last = torch.ones(max_batch, dtype=torch.int32, device=dev)
         self._g_indices = torch.full((max_batch * max_pages_per_req,), dummy_page,
                                      dtype=torch.int32, device=dev)
+
+    def piece_decode(self, tokens: int) -> tuple[int, LayerCall] | None:
+        """The small decode kernel over the first min(tokens, its rows) rows of the pieces (where
+        it is set and mixed steps are split)."""
+        small = self._small
+        if small is None or not self.split_mixed:
+            return None
+        width = min(tokens, small.max_rows)
+        small.plan(width, [], [])  # placeholder for the capture: every row is padding
+        return width, small.bind(width)
+
+    def prepare_pieces(self, layout: StepLayout, width: int) -> PiecesPlan:
+        small = self._small_rows(width)
+        assert small is not None, "no decode call was captured in the pieces"
+        d = leading_decode_rows(layout)
+        if d > width:  # the captured call cannot hold them: it attends padding, all run between
+            small.plan(width, [], [])
+            return PiecesPlan(0, self.prepare(layout))
+        assert layout.page_table is small.page_table and layout.slot_list is not None
+        small.plan(width, layout.slot_list[:d], layout.seq_lens[:d])
+        if d == len(layout.seq_lens):
+            return PiecesPlan(d, None)
+        parts = split_layout(layout, d)
+        return PiecesPlan(d, self._prepare(parts[1] if parts is not None else layout))
 
     def _small_rows(self, batch_size: int) -> SmallBatchDecode | None:
         small = self._small

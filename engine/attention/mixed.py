@@ -34,11 +34,18 @@ class MixedMetadata(AttentionMetadata):
     prefill: AttentionMetadata  # planned for the rest
 
 
-def split_layout(layout: StepLayout) -> tuple[StepLayout, StepLayout] | None:
-    """(the leading one-token rows, the rest), or None where the step is not both."""
+def leading_decode_rows(layout: StepLayout) -> int:
+    """How many of the step's rows, from the first, add one token each (its decode rows)."""
     ext = layout.extend_lens
-    d = next((i for i, e in enumerate(ext) if e != 1), len(ext))
-    if d == 0 or d == len(ext):
+    return next((i for i, e in enumerate(ext) if e != 1), len(ext))
+
+
+def split_layout(layout: StepLayout,
+                 d: int | None = None) -> tuple[StepLayout, StepLayout] | None:
+    """(the first d rows, the rest), by default d the leading one-token rows; None where either
+    part would be empty."""
+    d = leading_decode_rows(layout) if d is None else d
+    if d == 0 or d == len(layout.seq_lens):
         return None
     slots = layout.slot_list
 

@@ -1,0 +1,115 @@
+"""Decode rows attended inside the piecewise graphs (`AttentionBackend.piece_decode`), on a CPU.
+
+The flashinfer backend captures its small decode kernel in every piece, over the bucket's first
+rows, and runs only the other rows' attention between the pieces. Here a torch stand-in for that
+kernel runs in the uncaptured pieces, so the runner's part is checked without a GPU: the call sits
+after each layer's KV store, the plan of each step reaches it, the rows it leaves (padding, which
+the real kernel fills with what it likes) are written over by the calls between the pieces, and
+the tokens are those of the eager engine.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from radixserve.engine import SamplingParams
+from radixserve.engine.attention.base import PiecesPlan, StepLayout
+from radixserve.engine.attention.mixed import leading_decode_rows, split_layout
+from radixserve.engine.attention.torch_backend import TorchBackend
+
+GARBAGE = 1e4  # what the stand-in writes into the rows it does not attend
+
+
+class _DecodeInPieces(TorchBackend):
+    """The torch backend with a decode call for the pieces, planned as the flashinfer backend
+    plans its small decode kernel: each leading one-token row's slot and length."""
+
+    max_rows = 6
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.planned: list[tuple[int, int]] = []
+        self.page_table: torch.Tensor | None = None
+        self.plans: list[tuple[int, PiecesPlan]] = []  # each step's decode rows and plan
+        self.calls = 0
+
+    def piece_decode(self, tokens: int):
+        width = min(tokens, self.max_rows)
+        nkv, hd = self.num_kv_heads, self.head_dim
+        group = self.num_heads // nkv
+
+        def call(q, k_pages, v_pages, out) -> None:
+            self.calls += 1
+            k, v = k_pages.reshape(-1, nkv, hd), v_pages.reshape(-1, nkv, hd)
+            out[len(self.planned):width] = GARBAGE
+            for row, (slot, n) in enumerate(self.planned):
+                loc = self.page_table[slot, :n]
+                keys, values = k[loc].transpose(0, 1), v[loc].transpose(0, 1)  # (nkv, n, hd)
+                qr = q[row].view(nkv, group, hd)
+                w = torch.softmax(qr @ keys.transpose(1, 2) * self.scale, dim=-1)
+                out[row] = (w @ values).reshape(-1, hd)
+
+        return width, call
+
+    def prepare_pieces(self, layout: StepLayout, width: int) -> PiecesPlan:
+        d = leading_decode_rows(layout)
+        self.page_table = layout.page_table
+        if d > width:
+            self.planned = []
+            plan = PiecesPlan(0, self.prepare(layout))
+        else:
+            self.planned = list(zip(layout.slot_list[:d], layout.seq_lens[:d]))
+            parts = split_layout(layout, d)
+            rest = None if d == len(layout.seq_lens) else self.prepare(
+                parts[1] if parts is not None else layout)
+            plan = PiecesPlan(d, rest)
+        self.plans.append((d, plan))
+        return plan
+
+
+def _prompts() -> list[list[int]]:
+    rng = random.Random(5)
+    return [[rng.randrange(3, 1000) for _ in range(rng.choice([1, 4, 9, 20, 33]))]
+            for _ in range(14)]
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    from checkpoints import checkpoint
+
+    return checkpoint("qwen3", tmp_path_factory)
+
+
+def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm, monkeypatch):
+    p = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
+    prompts = _prompts()
+    config = {"max_prefill_tokens": 16, "max_running_requests": 8}
+    ref = [o.token_ids for o in make_llm(path, **config).generate(prompts, p)]
+    import radixserve.engine.model_runner as model_runner
+
+    made: list[_DecodeInPieces] = []
+
+    def create(name, *args, **kwargs):
+        made.append(_DecodeInPieces(*args, **kwargs))
+        return made[0]
+
+    monkeypatch.setattr(model_runner, "create_backend", create)
+    # buckets 16, 32, 48: pieces of 6 decode rows, and steps of more than 6 decode rows
+    core = make_llm(path, piecewise_graph_max_tokens=48, **config).core
+    tokens: dict[str, list[int]] = {}
+    for step in range(400):
+        if step < len(prompts):  # an arrival a step, beside the requests decoding
+            core.add_request(f"r{step}", prompts[step], p)
+        for out in core.step():
+            tokens.setdefault(out.rid, []).extend(out.token_ids)
+        if not core.has_work():
+            break
+    assert [tokens[f"r{i}"] for i in range(len(prompts))] == ref
+    backend = made[0]
+    kinds = {(plan.rows > 0, plan.rest is not None) for _, plan in backend.plans}
+    assert kinds == {(True, True), (True, False), (False, True)}  # mixed, decode, prefill
+    # steps of more decode rows than the call holds run them all between the pieces
+    assert any(d > backend.max_rows and plan.rows == 0 for d, plan in backend.plans)
+    assert backend.calls == len(backend.plans) * core.args.num_layers  # in every piece
