@@ -315,9 +315,20 @@ def format_comparison(runs: dict[str, list[LevelResult]]) -> str:
     return "\n".join(rows) + "\n(TTFT in ms; cached: share of prompt tokens from the cache)"
 
 
-def offline_tok_s(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float:
+@dataclass(frozen=True)
+class OfflineBaseline:
+    """The same requests through the offline engine (`offline_run`), measured as a level is."""
+
+    tok_s: float
+    tpot_ms: dict[str, float]  # per request: (its last token's time - its first's) / (tokens - 1)
+    step_ms: float  # the run's time / the engine steps in it, as a level's `step`
+
+
+def offline_run(model: str, cfg: BenchConfig, serve_flags: list[str]) -> OfflineBaseline:
     """The same workload through the offline engine, configured as `radixserve serve --model MODEL
-    SERVE_FLAGS` configures its scheduler: the service plane's ceiling."""
+    SERVE_FLAGS` configures its scheduler: the service plane's ceiling. Every request is queued at
+    once and the engine's request slots cap how many run, as a level's concurrency does; a
+    request's tokens are timed when the engine hands them over, as a stream's when they arrive."""
     from radixserve.engine import LLM, SamplingParams
     from radixserve.services.cli import build_parser, engine_config
 
@@ -327,14 +338,28 @@ def offline_tok_s(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float
     fields.pop("model_path")
     llm = LLM(model, **fields)
     vocab = llm.core.model_info.vocab_size
-    work = _workload(cfg, vocab)
-    params = [SamplingParams(temperature=cfg.temperature, max_new_tokens=m, ignore_eos=True)
-              for _, m in work]
     llm.generate(warm_up_work(cfg, vocab), SamplingParams(  # as `_run` does
         temperature=cfg.temperature, max_new_tokens=WARM_UP_TOKENS, ignore_eos=True))
+    core = llm.core
+    for i, (prompt, new) in enumerate(_workload(cfg, vocab)):
+        core.add_request(f"baseline-{i}", prompt, SamplingParams(
+            temperature=cfg.temperature, max_new_tokens=new, ignore_eos=True))
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    tokens: dict[str, int] = {}
+    steps = 0
     start = time.perf_counter()
-    outs = llm.generate([p for p, _ in work], params)
-    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
+    while core.has_work():
+        outputs = core.step()
+        steps += 1
+        now = time.perf_counter()
+        for out in outputs:
+            first.setdefault(out.rid, now)
+            last[out.rid] = now
+            tokens[out.rid] = tokens.get(out.rid, 0) + len(out.token_ids)
+    wall = time.perf_counter() - start
+    tpot = [(last[r] - first[r]) / (n - 1) for r, n in tokens.items() if n > 1]
+    return OfflineBaseline(sum(tokens.values()) / wall, percentiles(tpot), wall / steps * 1e3)
 
 
 def workload_argv(cfg: BenchConfig) -> list[str]:
@@ -349,8 +374,8 @@ def workload_argv(cfg: BenchConfig) -> list[str]:
             str(sp.suffix_len)]
 
 
-def offline_in_child(model: str, cfg: BenchConfig, serve_flags: list[str]) -> float:
-    """`offline_tok_s` in a process of its own, run before the stack starts: it has the device to
+def offline_in_child(model: str, cfg: BenchConfig, serve_flags: list[str]) -> OfflineBaseline:
+    """`offline_run` in a process of its own, run before the stack starts: it has the device to
     itself and gives all of its memory back when it exits. (Run after the stack, in this process,
     the baseline sized its KV pool from memory that the stopping services had not yet returned,
     and varied by a third between runs.)"""
@@ -359,7 +384,7 @@ def offline_in_child(model: str, cfg: BenchConfig, serve_flags: list[str]) -> fl
             "--concurrency", ",".join(map(str, cfg.concurrencies)),  # the warm-up's size
             "--", *serve_flags]
     out = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout
-    return float(json.loads(out.strip().splitlines()[-1])["offline_tok_s"])
+    return OfflineBaseline(**json.loads(out.strip().splitlines()[-1]))
 
 
 def routing_runs(args: argparse.Namespace, cfg: BenchConfig, serve_flags: list[str],
@@ -463,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     if args.offline_only:  # the child of offline_in_child
-        print(json.dumps({"offline_tok_s": offline_tok_s(args.model, cfg, extra)}))
+        print(json.dumps(asdict(offline_run(args.model, cfg, extra))))
         return 0
     offline = offline_in_child(args.model, cfg, extra) if args.offline_baseline else None
     runs = routing_runs(args, cfg, extra, policies)
@@ -479,10 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     every = [r for results in runs.values() for r in results]
     if offline is not None:
         best = max(every, key=lambda r: r.output_tok_s)
-        payload["offline_tok_s"] = offline
-        print(f"offline engine, same requests: {offline:.1f} tok/s; best through the gateway: "
-              f"{best.output_tok_s:.1f} tok/s at concurrency {best.concurrency} "
-              f"({best.output_tok_s / offline:.2f} of offline)")
+        payload["offline_tok_s"], payload["offline"] = offline.tok_s, asdict(offline)
+        tpot = offline.tpot_ms["p50"]
+        print(f"offline engine, same requests: {offline.tok_s:.1f} tok/s, TPOT p50 {tpot:.2f} ms, "
+              f"step {offline.step_ms:.2f} ms (TPOT p50 / step {tpot / offline.step_ms:.2f}); "
+              f"best through the gateway: {best.output_tok_s:.1f} tok/s at concurrency "
+              f"{best.concurrency} ({best.output_tok_s / offline.tok_s:.2f} of offline), TPOT p50 "
+              f"{best.tpot_ms['p50']:.2f} ms ({best.tpot_ms['p50'] / tpot:.2f} of offline's)")
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(payload, f, indent=2)

@@ -15,7 +15,11 @@ def _cfg() -> serving.BenchConfig:
 
 
 def test_offline_baseline_runs_in_a_child_with_the_serve_flags() -> None:
-    assert serving.offline_in_child("demo", _cfg(), ["--device", "cpu", "--page-size", "8"]) > 0
+    """Measured as a level is: output tokens a second, each request's time per output token
+    after its first, and the time per engine step."""
+    base = serving.offline_in_child("demo", _cfg(), ["--device", "cpu", "--page-size", "8"])
+    assert base.tok_s > 0 and base.step_ms > 0
+    assert base.tpot_ms["p50"] > 0  # outputs of 2 to 4 tokens: every request has one
 
 
 def test_offline_baseline_refuses_flags_serve_would_refuse() -> None:
@@ -42,11 +46,12 @@ def test_offline_baseline_child_gets_the_levels_its_warm_up_is_sized_by(monkeypa
 
     def run(argv, **_):
         seen.append(argv)
-        return subprocess.CompletedProcess(argv, 0, stdout='{"offline_tok_s": 1.5}\n')
+        return subprocess.CompletedProcess(argv, 0, stdout=(
+            '{"tok_s": 1.5, "tpot_ms": {"mean": 2.0, "p50": 2.0, "p99": 3.0}, "step_ms": 1.9}\n'))
 
     monkeypatch.setattr(serving.subprocess, "run", run)
     cfg = serving.BenchConfig("unused:0", (4, 32), num_prompts=3, input_len=8, output_len=4,
                               range_ratio=0.5, request_rate=float("inf"), temperature=0.0, seed=0)
-    assert serving.offline_in_child("demo", cfg, ["--device", "cpu"]) == 1.5
+    assert serving.offline_in_child("demo", cfg, ["--device", "cpu"]).tok_s == 1.5
     argv = seen[0]
     assert argv[argv.index("--concurrency") + 1] == "4,32"
