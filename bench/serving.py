@@ -459,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
                         "around each level; --launch finds its own")
     p.add_argument("--offline-baseline", action="store_true",
                    help="first run the same requests through the offline engine (--model, the "
-                        "engine flags given to serve after --) and report the ratio")
+                        "engine flags given to serve after --) and report the ratios of "
+                        "throughput and TPOT p50")
     p.add_argument("--offline-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", dest="json_path", help="write the results here")
     args, extra = parse_stack_args(p, argv)
