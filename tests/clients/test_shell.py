@@ -121,11 +121,18 @@ def test_ctrl_c_cancels_generation_and_shell_continues(
     shell.send("half a line\x03")  # Ctrl-C at the prompt just drops the line
     shell.expect(">>>")
     # Typed, then entered once it shows: keys sent while the interrupted prompt hands over to the
-    # next one may land in either, and an Enter there was once lost on a loaded machine.
+    # next one may land in either, and an Enter there was lost on a loaded machine (twice in
+    # many runs, the text shown and the Enter gone). A second Enter is harmless (an empty line
+    # is skipped), so the Enter is sent again if no reply comes: the turn must still be the
+    # typed text alone.
     shell.send("after")
     shell.expect("after")
     shell.send("\r")
-    shell.expect("echo: after")
+    try:
+        shell.expect("echo: after", timeout=5.0)
+    except AssertionError:
+        shell.send("\r")
+        shell.expect("echo: after")
     shell.expect(">>>")
     # The cancelled turn is not part of the conversation.
     assert chat(fake, 3) == [("user", "hi"), ("assistant", "echo: hi"), ("user", "after")]
