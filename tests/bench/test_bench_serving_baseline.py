@@ -3,6 +3,7 @@ the flags the stack's scheduler gets, in a process of its own."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 
 import pytest
@@ -20,6 +21,15 @@ def test_offline_baseline_runs_in_a_child_with_the_serve_flags() -> None:
     base = serving.offline_in_child("demo", _cfg(), ["--device", "cpu", "--page-size", "8"])
     assert base.tok_s > 0 and base.step_ms > 0
     assert base.tpot_ms["p50"] > 0  # outputs of 2 to 4 tokens: every request has one
+    assert math.isnan(base.full_step_ms)  # three requests, slots to spare: none ever waited
+
+
+def test_offline_baseline_times_the_steps_with_every_slot_busy_apart() -> None:
+    """With one slot the requests wait their turn, and the steps before the last one is admitted
+    are timed apart from the drain after it."""
+    base = serving.offline_in_child("demo", _cfg(), ["--device", "cpu",
+                                                     "--max-running-requests", "1"])
+    assert base.full_step_ms > 0 and base.step_ms > 0
 
 
 def test_offline_baseline_refuses_flags_serve_would_refuse() -> None:
