@@ -25,10 +25,12 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from radixserve.engine.attention import AttentionBackend, AttentionMetadata, StepLayout
-from radixserve.engine.attention.base import LayerCall, PiecesPlan
+from radixserve.engine.attention.base import LayerCall
+from radixserve.engine.attention.mixed import leading_decode_rows, split_layout
 from radixserve.engine.context import ForwardContext, forward_context
 from radixserve.engine.kvcache.pool import KVCachePool
 from radixserve.engine.memory import piece_buffer_bytes
@@ -45,6 +47,13 @@ def token_buckets(max_tokens: int) -> list[int]:
         power = 1 << (sizes[-1].bit_length() - 1)  # the power of two at or below
         sizes.append(sizes[-1] + power // 8)
     return [s for s in sizes if s < max_tokens] + [max_tokens]
+
+
+class PiecesPlan(NamedTuple):
+    """A step's attention in the pieces (`PiecewiseGraphRunner.prepare`)."""
+
+    rows: int  # D: the leading rows that the decode call captured in the pieces attends
+    rest: AttentionMetadata | None  # the other rows', for the calls between pieces; None: none
 
 
 class _Eager:
@@ -148,12 +157,24 @@ class PiecewiseGraphRunner:
         return self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
 
     def prepare(self, layout: StepLayout) -> PiecesPlan:
-        """The backend's plan of a step for these pieces: its decode rows for the call captured
-        in them where the bucket has one, the rest for the calls between them."""
+        """The backend's plan of a step for these pieces: its leading one-token rows for the call
+        captured in them where the bucket has one, the rest for the calls between them. Where the
+        step has no such rows, or more than the call holds, the call attends padding and every
+        row runs between the pieces."""
         found = self.decodes.get(self.bucket(len(layout.out_loc)))
         if found is None:
             return PiecesPlan(0, self.backend.prepare(layout))
-        return self.backend.prepare_pieces(layout, found[0])
+        width = found[0]
+        d = leading_decode_rows(layout)
+        if d == 0 or d > width:
+            self.backend.plan_piece_decode(width, None)
+            return PiecesPlan(0, self.backend.prepare(layout))
+        parts = split_layout(layout, d)
+        if parts is None:  # decode rows only
+            self.backend.plan_piece_decode(width, layout)
+            return PiecesPlan(d, None)
+        self.backend.plan_piece_decode(width, parts[0])
+        return PiecesPlan(d, self.backend.prepare(parts[1]))
 
     def can_run(self, num_tokens: int) -> bool:
         return 0 < num_tokens <= self.max_tokens

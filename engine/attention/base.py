@@ -7,7 +7,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -87,13 +87,6 @@ class AttentionMetadata:
     out_loc: torch.Tensor  # (T,) int64 KV locations of the step's new tokens
 
 
-class PiecesPlan(NamedTuple):
-    """A step's attention in piecewise graphs (`AttentionBackend.prepare_pieces`)."""
-
-    rows: int  # D: the leading rows that the decode call captured in the pieces attends
-    rest: AttentionMetadata | None  # the other rows', for the calls between pieces; None: none
-
-
 class AttentionBackend(ABC):
     name = ""  # the registry name (`create_backend`), used in start-up messages
     # Whether `prepare` plans a step of decode rows and prefill as two parts, the decode rows for
@@ -151,15 +144,15 @@ class AttentionBackend(ABC):
     def piece_decode(self, tokens: int) -> tuple[int, LayerCall] | None:
         """For piecewise graphs of `tokens` rows: (width, call), a decode attention call over the
         first `width` rows, captured inside each piece after its KV store, so a step's one-token
-        rows need no call between the pieces (`prepare_pieces` plans them); None where the
-        backend has none."""
+        rows need no call between the pieces (`plan_piece_decode` plans them); None where the
+        backend has none. Planned for padding only, so the capture can run."""
         return None
 
-    def prepare_pieces(self, layout: StepLayout, width: int) -> PiecesPlan:
-        """`prepare` for a step run by piecewise graphs whose captured decode call covers `width`
-        rows (`piece_decode`): the step's leading one-token rows planned for that call, the rest
-        for the calls between the pieces."""
-        return PiecesPlan(0, self.prepare(layout))
+    def plan_piece_decode(self, width: int, decode: StepLayout | None) -> None:
+        """Plan the call `piece_decode` returned for `width` rows for a step's leading one-token
+        rows (`decode`: their layout, at most `width` rows), or for padding alone (None); the
+        step's other rows are `prepare`d apart (`PiecewiseGraphRunner.prepare`)."""
+        raise NotImplementedError(f"{type(self).__name__} captures no decode call in the pieces")
 
     # -- page sizes -------------------------------------------------------------------------------
     def check_page_size(self, page_size: int) -> str:

@@ -29,7 +29,6 @@ from radixserve.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
     LayerCall,
-    PiecesPlan,
     StepCall,
     StepLayout,
     last_page_lens,
@@ -41,9 +40,7 @@ from radixserve.engine.attention.mixed import (
     MixedMetadata,
     attend_mixed,
     bind_mixed,
-    leading_decode_rows,
     prepare_mixed,
-    split_layout,
 )
 from radixserve.engine.attention.small_decode import SmallBatchDecode
 from radixserve.engine.host_buffers import HostBuffers
@@ -261,19 +258,14 @@ class FlashInferBackend(AttentionBackend):
         small.plan(width, [], [])  # placeholder for the capture: every row is padding
         return width, small.bind(width)
 
-    def prepare_pieces(self, layout: StepLayout, width: int) -> PiecesPlan:
+    def plan_piece_decode(self, width: int, decode: StepLayout | None) -> None:
         small = self._small_rows(width)
         assert small is not None, "no decode call was captured in the pieces"
-        d = leading_decode_rows(layout)
-        if d > width:  # the captured call cannot hold them: it attends padding, all run between
+        if decode is None:
             small.plan(width, [], [])
-            return PiecesPlan(0, self.prepare(layout))
-        assert layout.page_table is small.page_table and layout.slot_list is not None
-        small.plan(width, layout.slot_list[:d], layout.seq_lens[:d])
-        if d == len(layout.seq_lens):
-            return PiecesPlan(d, None)
-        parts = split_layout(layout, d)
-        return PiecesPlan(d, self._prepare(parts[1] if parts is not None else layout))
+            return
+        assert decode.page_table is small.page_table and decode.slot_list is not None
+        small.plan(width, decode.slot_list, decode.seq_lens)
 
     def _small_rows(self, batch_size: int) -> SmallBatchDecode | None:
         small = self._small

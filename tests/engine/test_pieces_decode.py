@@ -3,7 +3,8 @@
 The flashinfer backend captures its small decode kernel in every piece, over the bucket's first
 rows, and runs only the other rows' attention between the pieces. Here a torch stand-in for that
 kernel runs in the uncaptured pieces, so the runner's part is checked without a GPU: the call sits
-after each layer's KV store, the plan of each step reaches it, the rows it leaves (padding, which
+after each layer's KV store, the runner's split of each step (`PiecewiseGraphRunner.prepare`)
+reaches it, the rows it leaves (padding, which
 the real kernel fills with what it likes) are written over by the calls between the pieces, and
 the tokens are those of the eager engine.
 """
@@ -15,9 +16,10 @@ import random
 import pytest
 import torch
 from radixserve.engine import SamplingParams
-from radixserve.engine.attention.base import PiecesPlan, StepLayout
-from radixserve.engine.attention.mixed import leading_decode_rows, split_layout
+from radixserve.engine.attention.base import StepLayout
+from radixserve.engine.attention.mixed import leading_decode_rows
 from radixserve.engine.attention.torch_backend import TorchBackend
+from radixserve.engine.piecewise_graph import PiecesPlan
 
 GARBAGE = 1e4  # what the stand-in writes into the rows it does not attend
 
@@ -32,7 +34,6 @@ class _DecodeInPieces(TorchBackend):
         super().__init__(*args, **kwargs)
         self.planned: list[tuple[int, int]] = []
         self.page_table: torch.Tensor | None = None
-        self.plans: list[tuple[int, PiecesPlan]] = []  # each step's decode rows and plan
         self.calls = 0
 
     def piece_decode(self, tokens: int):
@@ -53,20 +54,11 @@ class _DecodeInPieces(TorchBackend):
 
         return width, call
 
-    def prepare_pieces(self, layout: StepLayout, width: int) -> PiecesPlan:
-        d = leading_decode_rows(layout)
-        self.page_table = layout.page_table
-        if d > width:
-            self.planned = []
-            plan = PiecesPlan(0, self.prepare(layout))
-        else:
-            self.planned = list(zip(layout.slot_list[:d], layout.seq_lens[:d]))
-            parts = split_layout(layout, d)
-            rest = None if d == len(layout.seq_lens) else self.prepare(
-                parts[1] if parts is not None else layout)
-            plan = PiecesPlan(d, rest)
-        self.plans.append((d, plan))
-        return plan
+    def plan_piece_decode(self, width: int, decode: StepLayout | None) -> None:
+        assert decode is None or len(decode.seq_lens) <= width
+        self.planned = [] if decode is None else list(zip(decode.slot_list, decode.seq_lens))
+        if decode is not None:
+            self.page_table = decode.page_table
 
 
 def _prompts() -> list[list[int]]:
@@ -98,6 +90,15 @@ def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm,
     monkeypatch.setattr(model_runner, "create_backend", create)
     # buckets 16, 32, 48: pieces of 6 decode rows, and steps of more than 6 decode rows
     core = make_llm(path, piecewise_graph_max_tokens=48, **config).core
+    pieces = core.runner.pieces
+    plans: list[tuple[int, PiecesPlan]] = []  # each step's decode rows and plan
+    prepare = pieces.prepare
+
+    def recorded(layout: StepLayout) -> PiecesPlan:
+        plans.append((leading_decode_rows(layout), prepare(layout)))
+        return plans[-1][1]
+
+    monkeypatch.setattr(pieces, "prepare", recorded)
     tokens: dict[str, list[int]] = {}
     for step in range(400):
         if step < len(prompts):  # an arrival a step, beside the requests decoding
@@ -108,8 +109,8 @@ def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm,
             break
     assert [tokens[f"r{i}"] for i in range(len(prompts))] == ref
     backend = made[0]
-    kinds = {(plan.rows > 0, plan.rest is not None) for _, plan in backend.plans}
+    kinds = {(plan.rows > 0, plan.rest is not None) for _, plan in plans}
     assert kinds == {(True, True), (True, False), (False, True)}  # mixed, decode, prefill
     # steps of more decode rows than the call holds run them all between the pieces
-    assert any(d > backend.max_rows and plan.rows == 0 for d, plan in backend.plans)
-    assert backend.calls == len(backend.plans) * core.args.num_layers  # in every piece
+    assert any(d > backend.max_rows and plan.rows == 0 for d, plan in plans)
+    assert backend.calls == len(plans) * core.args.num_layers  # in every piece
