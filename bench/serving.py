@@ -333,6 +333,7 @@ def offline_run(model: str, cfg: BenchConfig, serve_flags: list[str]) -> Offline
     SERVE_FLAGS` configures its scheduler: the service plane's ceiling. Every request is queued at
     once and the engine's request slots cap how many run, as a level's concurrency does; a
     request's tokens are timed when the engine hands them over, as a stream's when they arrive."""
+    from radixserve.bench.driver import drive
     from radixserve.engine import LLM, SamplingParams
     from radixserve.services.cli import build_parser, engine_config
 
@@ -345,27 +346,22 @@ def offline_run(model: str, cfg: BenchConfig, serve_flags: list[str]) -> Offline
     llm.generate(warm_up_work(cfg, vocab), SamplingParams(  # as `_run` does
         temperature=cfg.temperature, max_new_tokens=WARM_UP_TOKENS, ignore_eos=True))
     core = llm.core
-    for i, (prompt, new) in enumerate(_workload(cfg, vocab)):
-        core.add_request(f"baseline-{i}", prompt, SamplingParams(
-            temperature=cfg.temperature, max_new_tokens=new, ignore_eos=True))
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    tokens: dict[str, int] = {}
+    work = [(prompt, SamplingParams(temperature=cfg.temperature, max_new_tokens=new,
+                                    ignore_eos=True)) for prompt, new in _workload(cfg, vocab)]
     steps, full = 0, (0, 0.0)  # (steps, seconds) up to the last one that left requests waiting
-    start = time.perf_counter()
-    while core.has_work():
-        outputs = core.step()
+
+    def counted() -> None:
+        nonlocal steps, full
         steps += 1
-        now = time.perf_counter()
         if core.scheduler.waiting:
-            full = (steps, now - start)
-        for out in outputs:
-            first.setdefault(out.rid, now)
-            last[out.rid] = now
-            tokens[out.rid] = tokens.get(out.rid, 0) + len(out.token_ids)
-    wall = time.perf_counter() - start
-    tpot = [(last[r] - first[r]) / (n - 1) for r, n in tokens.items() if n > 1]
-    return OfflineBaseline(sum(tokens.values()) / wall, percentiles(tpot), wall / steps * 1e3,
+            full = (steps, time.perf_counter() - start)
+
+    start = time.perf_counter()
+    run = drive(core, work, prefix="baseline-", on_step=counted)
+    times = run.token_times.values()
+    tpot = [(t[-1] - t[0]) / (len(t) - 1) for t in times if len(t) > 1]
+    return OfflineBaseline(run.output_tokens / run.wall_s, percentiles(tpot),
+                           run.wall_s / steps * 1e3,
                            full[1] / full[0] * 1e3 if full[0] else math.nan)
 
 
