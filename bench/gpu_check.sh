@@ -81,7 +81,7 @@ if ls .ficache/fi.tgz.part* >/dev/null 2>&1; then
   cat .ficache/fi.tgz.part* | tar xzf - -C "$HOME" && find "$FI_HOME" -path '*cached_ops*' -type f -exec touch -d '+2 hours' {} +
   echo "restored flashinfer JIT cache: $(du -sh "$FI_HOME" | cut -f1)" | tee -a "$LOG"
 fi
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv;
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,uuid --format=csv;
   python3 -c "import torch, triton, flashinfer, transformers as t; print('torch', torch.__version__, 'triton', triton.__version__, 'flashinfer', flashinfer.__version__, 'transformers', t.__version__)";
   python3 -c "import flash_attn; print('flash_attn', flash_attn.__version__)" 2>/dev/null || echo "flash_attn: not installed"; } 2>&1 | tee -a "$LOG"
 
