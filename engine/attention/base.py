@@ -148,9 +148,9 @@ class AttentionBackend(ABC):
         backend has none. Planned for padding only, so the capture can run."""
         return None
 
-    def plan_piece_decode(self, width: int, decode: StepLayout | None) -> None:
+    def plan_piece_decode(self, width: int, decode: StepLayout) -> None:
         """Plan the call `piece_decode` returned for `width` rows for a step's leading one-token
-        rows (`decode`: their layout, at most `width` rows), or for padding alone (None); the
+        rows (`decode`: their layout, 1 to `width` rows; the rows past them are padding); the
         step's other rows are `prepare`d apart (`PiecewiseGraphRunner.prepare`)."""
         raise NotImplementedError(f"{type(self).__name__} captures no decode call in the pieces")
 

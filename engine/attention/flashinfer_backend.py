@@ -258,12 +258,9 @@ class FlashInferBackend(AttentionBackend):
         small.plan(width, [], [])  # placeholder for the capture: every row is padding
         return width, small.bind(width)
 
-    def plan_piece_decode(self, width: int, decode: StepLayout | None) -> None:
+    def plan_piece_decode(self, width: int, decode: StepLayout) -> None:
         small = self._small_rows(width)
         assert small is not None, "no decode call was captured in the pieces"
-        if decode is None:
-            small.plan(width, [], [])
-            return
         assert decode.page_table is small.page_table and decode.slot_list is not None
         small.plan(width, decode.slot_list, decode.seq_lens)
 
