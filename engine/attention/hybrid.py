@@ -10,6 +10,7 @@ import torch
 from radixserve.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
+    LayerCall,
     StepCall,
     StepLayout,
 )
@@ -70,6 +71,13 @@ class HybridBackend(AttentionBackend):
             return bind_mixed(q, out, meta, kv_pool)
         assert isinstance(meta, HybridMetadata)
         return meta.backend.bind_layers(q, out, meta.inner, kv_pool)
+
+    def piece_decode(self, tokens: int) -> tuple[int, LayerCall] | None:
+        # a mixed step's decode rows are the decode backend's, in the pieces too
+        return self.decode.piece_decode(tokens) if self.split_mixed else None
+
+    def plan_piece_decode(self, width: int, decode: StepLayout) -> None:
+        self.decode.plan_piece_decode(width, decode)
 
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int, page_table: torch.Tensor | None = None,

@@ -18,6 +18,7 @@ import pytest
 import torch
 from radixserve.engine import SamplingParams
 from radixserve.engine.attention.base import StepLayout
+from radixserve.engine.attention.hybrid import HybridBackend
 from radixserve.engine.attention.mixed import leading_decode_rows
 from radixserve.engine.attention.torch_backend import TorchBackend
 from radixserve.engine.piecewise_graph import PiecesPlan
@@ -74,7 +75,11 @@ def path(tmp_path_factory):
     return checkpoint("qwen3", tmp_path_factory)
 
 
-def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm, monkeypatch):
+@pytest.mark.parametrize("hybrid", [False, True], ids=["one backend", "hybrid"])
+def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm, monkeypatch,
+                                                                  hybrid):
+    """hybrid: the stand-in as a hybrid's decode backend beside the torch backend's prefill, which
+    offers its decode backend's call to the pieces."""
     p = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
     prompts = _prompts()
     config = {"max_prefill_tokens": 16, "max_running_requests": 8}
@@ -85,7 +90,7 @@ def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm,
 
     def create(name, *args, **kwargs):
         made.append(_DecodeInPieces(*args, **kwargs))
-        return made[0]
+        return HybridBackend(TorchBackend(*args, **kwargs), made[0]) if hybrid else made[0]
 
     monkeypatch.setattr(model_runner, "create_backend", create)
     # buckets 16, 32, 48: pieces of 6 decode rows, and steps of more than 6 decode rows
