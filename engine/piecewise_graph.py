@@ -119,7 +119,7 @@ class PiecewiseGraphRunner:
             with torch.cuda.stream(self.stream):  # warm-up outside capture: JIT builds, autotuning
                 self._plan_decode(T)  # its placeholder plan's copy goes before the warm-up
                 for k in range(self.model.num_pieces):
-                    self._piece(k, T, decode=True)
+                    self._piece(k, T, decode=T in self.decodes)
             self.stream.synchronize()
             for decode, into in self._variants(T):
                 graphs: list[torch.cuda.CUDAGraph | _Eager] = []

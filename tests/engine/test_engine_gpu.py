@@ -36,6 +36,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # pieces for steps up to 64 tokens (padded into buckets 16..64), eager steps above that
     "flashinfer small pieces": {"attention_backend": "flashinfer", "max_prefill_tokens": 48,
                                 "piecewise_graph_max_tokens": 64},
+    # pieces that capture no decode call (as every backend but FlashInfer's small kernel): the
+    # decode rows of mixed steps run between the pieces
+    "flashinfer pieces, no small decode": {"attention_backend": "flashinfer",
+                                           "max_prefill_tokens": 48, "small_decode_rows": 0},
     "flashinfer page1 chunked": {"attention_backend": "flashinfer", "page_size": 1,
                                  "max_prefill_tokens": 48},
     # chunks of 48 beside the decode rows replayed by the decode graphs, a row per new token
