@@ -172,12 +172,10 @@ class PiecewiseGraphRunner:
         step has no such rows, or more than the call holds, it replays the pieces without the
         call and every row runs between them."""
         found = self.decodes.get(self.bucket(len(layout.out_loc)))
-        if found is None:
+        d = leading_decode_rows(layout) if found is not None else 0
+        if d == 0 or d > found[0]:
             return PiecesPlan(0, self.backend.prepare(layout))
         width = found[0]
-        d = leading_decode_rows(layout)
-        if d == 0 or d > width:
-            return PiecesPlan(0, self.backend.prepare(layout))
         parts = split_layout(layout, d)
         if parts is None:  # decode rows only
             self.backend.plan_piece_decode(width, layout)
