@@ -196,7 +196,8 @@ ab() {
 }
 
 GPU_TESTS=(tests/engine/test_fused_gpu.py tests/engine/test_backends_gpu.py tests/engine/test_engine_gpu.py
-           tests/engine/test_flashinfer_direct_gpu.py tests/engine/test_sampling.py)
+           tests/engine/test_flashinfer_direct_gpu.py tests/engine/test_sampling.py
+           tests/engine/test_paged_prefill.py)
 for s in "$@"; do
   case $s in
     tests) stage tests 330 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE "${GPU_TESTS[@]}" ;;

@@ -114,6 +114,12 @@ class EngineConfig:
     # (piecewise_graph.py). None: max_prefill_tokens + max_running_requests on CUDA with graphs on,
     # off on CPU; 0: off; a number on CPU runs the same pieces uncaptured (tests).
     piecewise_graph_max_tokens: int | None = None
+    # Steps that decode beside prefill rows whose requests attend to at most this many keys run
+    # their prefill attention inside the piecewise graphs too (attention/paged_prefill.py, beside
+    # the small decode kernel): the whole forward is one graph replay, no call between the pieces.
+    # Its kernel walks a request's keys unsplit, so longer contexts stay between the pieces. 0: off
+    # (the default while its device time against FlashInfer's prefill is unmeasured).
+    piece_prefill_keys: int = 0
     # Steps that carry decodes and prefill run the decode rows through the decode kernel
     # (attention/mixed.py) with the backends that can; False: one prefill kernel for the whole step.
     split_mixed_attention: bool = True
@@ -157,6 +163,8 @@ class EngineConfig:
             raise ValueError(f"small_decode_rows must be >= 0, got {self.small_decode_rows}")
         if self.graph_prefill_keys < 0:
             raise ValueError(f"graph_prefill_keys must be >= 0, got {self.graph_prefill_keys}")
+        if self.piece_prefill_keys < 0:
+            raise ValueError(f"piece_prefill_keys must be >= 0, got {self.piece_prefill_keys}")
         if self.piecewise_graph_max_tokens is not None and self.piecewise_graph_max_tokens < 0:
             raise ValueError("piecewise_graph_max_tokens must be >= 0")
         if self.schedule_policy not in ("fcfs", "lpm"):

@@ -38,7 +38,7 @@ class CudaGraphRunner:
     def __init__(self, model: CausalLM, backend: AttentionBackend, kv_pool: KVCachePool,
                  table: TableManager, batch_sizes: list[int], dummy_page: int,
                  stream: torch.cuda.Stream, capture_error_mode: str = "global",
-                 small_decode_rows: int = 0) -> None:
+                 small_decode_rows: int = 0, piece_prefill_keys: int = 0) -> None:
         assert batch_sizes, "no batch sizes to capture"
         self.model, self.backend, self.kv_pool, self.table = model, backend, kv_pool, table
         self.sizes = sorted(batch_sizes)
@@ -55,7 +55,7 @@ class CudaGraphRunner:
         self.out_loc = torch.full((G,), self.dummy_loc, dtype=torch.int64, device=dev)
         P = kv_pool.page_size
         backend.init_cuda_graph(G, table.width // P, P, dummy_page, table.page_table,
-                                small_decode_rows)
+                                small_decode_rows, piece_prefill_keys)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # (bs, V) outputs, owned by the graph pool
 

@@ -163,7 +163,7 @@ class ModelRunner:
         if graph_sizes and self.stream is not None:
             self.graphs = CudaGraphRunner(self.model, self.backend, self.kv_pool, self.table,
                                           graph_sizes, self.num_pages, self.stream, mode,
-                                          config.small_decode_rows)
+                                          config.small_decode_rows, config.piece_prefill_keys)
             self.graph_bytes = self.graphs.capture(progress=comm.rank == 0)
         self.pieces: PiecewiseGraphRunner | None = None
         if piece_buckets:

@@ -17,6 +17,12 @@ were about a millisecond of host time in every step that admits a prompt beside 
 A step without decode rows (or with more than the call holds) replays the first set: the call over
 padding rows alone cost 0.9 ms of device time a step on Qwen3-0.6B (28 layers of about 33 us).
 
+Where the backend also has a prefill call planned by a work list on the device
+(`AttentionBackend.piece_prefill`: attention/paged_prefill.py), a bucket with a decode call is
+captured a third time, as one graph: every piece with both calls after its KV store. A step with
+decode rows whose prefill rows that call takes (`plan_piece_prefill`) replays it once, with no
+call between the pieces.
+
 Every piece reads and writes static buffers: token ids, positions and KV locations in, queries,
 residual stream and attention output between pieces, final hidden states out. A step of T tokens
 runs in the smallest bucket >= T; padded tokens write their K/V into a dummy page that no request
@@ -57,6 +63,7 @@ class PiecesPlan(NamedTuple):
 
     rows: int  # D: the leading rows that the decode call captured in the pieces attends
     rest: AttentionMetadata | None  # the other rows', for the calls between pieces; None: none
+    whole: bool = False  # the other rows are the prefill call's: the bucket's one graph runs
 
 
 class _Eager:
@@ -92,6 +99,11 @@ class PiecewiseGraphRunner:
         # rows (`AttentionBackend.piece_decode`), and the pieces captured with it
         self.decodes: dict[int, tuple[int, LayerCall]] = {}
         self.decode_graphs: dict[int, list[torch.cuda.CUDAGraph | _Eager]] = {}
+        # per bucket with a decode call, where the backend has one: its prefill call over the
+        # bucket's rows (`AttentionBackend.piece_prefill`), and all the pieces with both calls,
+        # as one graph (a list of one, so a replay walks it as it walks the others)
+        self.prefills: dict[int, LayerCall] = {}
+        self.whole_graphs: dict[int, list[torch.cuda.CUDAGraph | _Eager]] = {}
 
     @property
     def buffer_bytes(self) -> int:
@@ -105,10 +117,12 @@ class PiecewiseGraphRunner:
 
         if self.stream is None:
             for T in self.buckets:
-                self._plan_decode(T)
+                self._plan_calls(T)
                 for decode, into in self._variants(T):
                     into[T] = [_Eager(lambda k=k, T=T, d=decode: self._piece(k, T, d))
                                for k in range(self.model.num_pieces)]
+                if T in self.prefills:
+                    self.whole_graphs[T] = [_Eager(lambda T=T: self._whole(T))]
             return self.buffer_bytes
         dev = self.q.device
         torch.cuda.synchronize(dev)
@@ -117,9 +131,9 @@ class PiecewiseGraphRunner:
         for T in tqdm(list(reversed(self.buckets)), desc="Capturing piecewise graphs",
                       disable=not progress, unit="bucket"):
             with torch.cuda.stream(self.stream):  # warm-up outside capture: JIT builds, autotuning
-                self._plan_decode(T)  # its placeholder plan's copy goes before the warm-up
+                self._plan_calls(T)  # their placeholder plans' copies go before the warm-up
                 for k in range(self.model.num_pieces):
-                    self._piece(k, T, decode=T in self.decodes)
+                    self._piece(k, T, decode=T in self.decodes, prefill=T in self.prefills)
             self.stream.synchronize()
             for decode, into in self._variants(T):
                 graphs: list[torch.cuda.CUDAGraph | _Eager] = []
@@ -130,26 +144,48 @@ class PiecewiseGraphRunner:
                         self._piece(k, T, decode)
                     graphs.append(graph)
                 into[T] = graphs
+            if T in self.prefills:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=self.stream,
+                                      capture_error_mode=self.capture_error_mode):
+                    self._whole(T)
+                self.whole_graphs[T] = [graph]
         torch.cuda.synchronize(dev)
         used = torch.cuda.memory_reserved(dev) - before
         log.info("captured piecewise graphs for %d token buckets (%d..%d), %d pieces each, "
-                 "%d of them also with decode rows, %.0f MiB", len(self.buckets), self.buckets[0],
-                 self.max_tokens, self.model.num_pieces, len(self.decode_graphs), used / 2**20)
+                 "%d of them also with decode rows, %d also whole with prefill rows, %.0f MiB",
+                 len(self.buckets), self.buckets[0], self.max_tokens, self.model.num_pieces,
+                 len(self.decode_graphs), len(self.whole_graphs), used / 2**20)
         return used + self.buffer_bytes
 
-    def _plan_decode(self, T: int) -> None:
+    def _plan_calls(self, T: int) -> None:
+        """The calls bucket T captures in its pieces, planned for padding: the decode call, and
+        where there is one, the prefill call."""
         found = self.backend.piece_decode(T)
-        if found is not None:
-            self.decodes[T] = found
+        if found is None:
+            return
+        self.decodes[T] = found
+        prefill = self.backend.piece_prefill(T)
+        if prefill is not None:
+            self.prefills[T] = prefill
 
     def _variants(self, T: int) -> list[tuple[bool, dict[int, list]]]:
         """The sets of pieces bucket T is captured into: (with the decode call, the set)."""
         return [(False, self.graphs)] + ([(True, self.decode_graphs)] if T in self.decodes else [])
 
     @torch.inference_mode()
-    def _piece(self, k: int, T: int, decode: bool) -> None:
+    def _whole(self, T: int) -> None:
+        """Every piece of bucket T with both its calls: the whole forward of a step whose rows are
+        all attended inside."""
+        for k in range(self.model.num_pieces):
+            self._piece(k, T, decode=True, prefill=True)
+
+    @torch.inference_mode()
+    def _piece(self, k: int, T: int, decode: bool, prefill: bool = False) -> None:
         """Piece k over the first T rows of the static buffers; then, with `decode`, the bucket's
-        decode call of layer k over its first rows (their KV was just stored)."""
+        decode call of layer k over its first rows (their KV was just stored), and with `prefill`
+        its prefill call over the rows after them (written after the decode call, which fills the
+        rows past its own as it likes)."""
         last = k == self.model.num_pieces - 1
         meta = AttentionMetadata(self.out_loc[:T])  # the KV store reads only the locations
         with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
@@ -162,16 +198,20 @@ class PiecewiseGraphRunner:
             width, call = self.decodes[T]
             k_pages, v_pages = self.kv_pool.pages[k]
             call(self.q[:width], k_pages, v_pages, self.attn_out[:width])
+            if prefill:
+                self.prefills[T](self.q[:T], k_pages, v_pages, self.attn_out[:T])
 
     def bucket(self, num_tokens: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, num_tokens)]
 
     def prepare(self, layout: StepLayout) -> PiecesPlan:
         """The backend's plan of a step for these pieces: its leading one-token rows for the call
-        captured in them where the bucket has one, the rest for the calls between them. Where the
-        step has no such rows, or more than the call holds, it replays the pieces without the
+        captured in them where the bucket has one, the rest for the bucket's prefill call where it
+        has one that takes them (the whole graph), else for the calls between the pieces. Where
+        the step has no such rows, or more than the call holds, it replays the pieces without the
         call and every row runs between them."""
-        found = self.decodes.get(self.bucket(len(layout.out_loc)))
+        T = self.bucket(len(layout.out_loc))
+        found = self.decodes.get(T)
         d = leading_decode_rows(layout) if found is not None else 0
         if d == 0 or d > found[0]:
             return PiecesPlan(0, self.backend.prepare(layout))
@@ -181,6 +221,8 @@ class PiecewiseGraphRunner:
             self.backend.plan_piece_decode(width, layout)
             return PiecesPlan(d, None)
         self.backend.plan_piece_decode(width, parts[0])
+        if T in self.prefills and self.backend.plan_piece_prefill(T, d, parts[1]):
+            return PiecesPlan(d, None, whole=True)
         return PiecesPlan(d, self.backend.prepare(parts[1]))
 
     def can_run(self, num_tokens: int) -> bool:
@@ -197,8 +239,8 @@ class PiecewiseGraphRunner:
         self.positions[:T].copy_(positions)
         self.out_loc[:T].copy_(out_loc)
         self.out_loc[T:bucket].fill_(self.dummy_loc)  # padded rows write into the dummy page
-        d, rest = plan  # rows [0, d) are attended inside the pieces
-        pieces = self.decode_graphs[bucket] if d else self.graphs[bucket]
+        d, rest, whole = plan  # rows [0, d) are attended inside the pieces; all, where whole
+        pieces = (self.whole_graphs if whole else self.decode_graphs if d else self.graphs)[bucket]
         if rest is None:
             for piece in pieces:
                 piece.replay()

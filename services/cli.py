@@ -70,6 +70,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--small-decode-rows", "small_decode_rows", int),
     ("--pdl", "pdl", _on_off),
     ("--piecewise-graph-max-tokens", "piecewise_graph_max_tokens", int),
+    ("--piece-prefill-keys", "piece_prefill_keys", int),
     ("--load-format", "load_format", str),
     ("--max-constraint-bytes", "max_constraint_bytes", int),
     ("--grammar-compile-timeout", "grammar_compile_timeout_s", float),

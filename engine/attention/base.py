@@ -154,6 +154,19 @@ class AttentionBackend(ABC):
         step's other rows are `prepare`d apart (`PiecewiseGraphRunner.prepare`)."""
         raise NotImplementedError(f"{type(self).__name__} captures no decode call in the pieces")
 
+    def piece_prefill(self, tokens: int) -> LayerCall | None:
+        """For piecewise graphs of `tokens` rows that capture a decode call: a prefill attention
+        call over their rows, planned on the device (`plan_piece_prefill`), so that a step's
+        prefill rows need no call between the pieces either; None where the backend has none.
+        Planned for no rows, so the capture can run."""
+        return None
+
+    def plan_piece_prefill(self, tokens: int, first_row: int, prefill: StepLayout) -> bool:
+        """Plan the call `piece_prefill` returned for `tokens` rows for a step's prefill rows
+        (`prefill`: their layout; its first new token is row `first_row`), after its decode rows.
+        False where the call does not take them: they then run between the pieces."""
+        raise NotImplementedError(f"{type(self).__name__} captures no prefill call in the pieces")
+
     # -- page sizes -------------------------------------------------------------------------------
     def check_page_size(self, page_size: int) -> str:
         """Called once at engine start with the pool's page size.
@@ -172,14 +185,15 @@ class AttentionBackend(ABC):
     # -- CUDA graphs (decode only) ----------------------------------------------------------------
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int, page_table: torch.Tensor | None = None,
-                        small_decode_rows: int = 0) -> None:
+                        small_decode_rows: int = 0, piece_prefill_keys: int = 0) -> None:
         """Allocate the static buffers that captured decode graphs read.
 
         `dummy_page` is a KV page no request owns: padded rows attend to it and write into it.
         `page_table` (slots, width) int64 maps a request's positions to KV locations (the
         `StepLayout` page table, the same tensor every step): graphs of up to `small_decode_rows`
         rows may read it directly, where the backend has such a kernel (EngineConfig.
-        small_decode_rows).
+        small_decode_rows), and so may the pieces' prefill call, for steps whose requests attend
+        to at most `piece_prefill_keys` keys (EngineConfig.piece_prefill_keys; 0: none).
         """
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 

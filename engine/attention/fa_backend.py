@@ -153,7 +153,7 @@ class FlashAttentionBackend(AttentionBackend):
     # -- CUDA graphs: static block table and lengths, rewritten before each replay --------------
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int, page_table: torch.Tensor | None = None,
-                        small_decode_rows: int = 0) -> None:
+                        small_decode_rows: int = 0, piece_prefill_keys: int = 0) -> None:
         if not self._paged(page_size):
             raise NotImplementedError("flash-attn 2 decodes from the paged pool only when "
                                      f"page_size % {FA2_PAGE} == 0")

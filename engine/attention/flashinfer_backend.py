@@ -42,6 +42,7 @@ from radixserve.engine.attention.mixed import (
     bind_mixed,
     prepare_mixed,
 )
+from radixserve.engine.attention.paged_prefill import PagedPrefill
 from radixserve.engine.attention.small_decode import SmallBatchDecode
 from radixserve.engine.host_buffers import HostBuffers
 
@@ -115,6 +116,7 @@ class FlashInferBackend(AttentionBackend):
             flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD"))
         self._graphs: dict[int, _Planner] = {}
         self._small: SmallBatchDecode | None = None  # the decode graphs' kernel, where set
+        self._paged: PagedPrefill | None = None  # the pieces' prefill call's kernel, where set
         self._dummy_page = -1
         # Prefill kernels called directly: decided at the first prefill plan (_form_direct).
         self._direct: DirectPrefill | None = None
@@ -234,13 +236,17 @@ class FlashInferBackend(AttentionBackend):
 
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int, page_table: torch.Tensor | None = None,
-                        small_decode_rows: int = 0) -> None:
+                        small_decode_rows: int = 0, piece_prefill_keys: int = 0) -> None:
         dev = self.device
         rows = min(small_decode_rows, max_batch)
         if page_table is not None and rows > 0 and SmallBatchDecode.usable(dev, self.head_dim):
             # graphs up to `rows` rows: no FlashInfer plan, and no KV split that one row cannot fill
             self._small = SmallBatchDecode(self.num_heads, self.num_kv_heads, self.head_dim,
                                            self.scale, rows, page_table)
+            if piece_prefill_keys > 0 and PagedPrefill.usable(dev, self.head_dim):
+                # beside the small decode call in the pieces only: one graph, no eager call
+                self._paged = PagedPrefill(self.num_heads, self.num_kv_heads, self.head_dim,
+                                           self.scale, page_table, piece_prefill_keys)
         self._dummy_page, self._page_size = dummy_page, page_size
         # Shared by every captured batch size: replays run one at a time on one stream.
         self._g_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device=dev)
@@ -263,6 +269,21 @@ class FlashInferBackend(AttentionBackend):
         assert small is not None, "no decode call was captured in the pieces"
         assert decode.page_table is small.page_table and decode.slot_list is not None
         small.plan(width, decode.slot_list, decode.seq_lens)
+
+    def piece_prefill(self, tokens: int) -> LayerCall | None:
+        """The paged prefill kernel over the pieces' rows (where it is set beside the small
+        decode kernel)."""
+        paged = self._paged
+        if paged is None or not self.split_mixed:  # (set only beside the small decode kernel)
+            return None
+        paged.plan(tokens, 0, None)  # placeholder for the capture: no tile has work
+        return paged.bind(tokens)
+
+    def plan_piece_prefill(self, tokens: int, first_row: int, prefill: StepLayout) -> bool:
+        paged = self._paged
+        assert paged is not None, "no prefill call was captured in the pieces"
+        assert prefill.page_table is paged.page_table
+        return paged.plan(tokens, first_row, prefill)
 
     def _small_rows(self, batch_size: int) -> SmallBatchDecode | None:
         small = self._small

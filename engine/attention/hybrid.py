@@ -79,11 +79,18 @@ class HybridBackend(AttentionBackend):
     def plan_piece_decode(self, width: int, decode: StepLayout) -> None:
         self.decode.plan_piece_decode(width, decode)
 
+    def piece_prefill(self, tokens: int) -> LayerCall | None:
+        # the call of the pieces that hold the decode backend's decode call
+        return self.decode.piece_prefill(tokens) if self.split_mixed else None
+
+    def plan_piece_prefill(self, tokens: int, first_row: int, prefill: StepLayout) -> bool:
+        return self.decode.plan_piece_prefill(tokens, first_row, prefill)
+
     def init_cuda_graph(self, max_batch: int, max_pages_per_req: int, page_size: int,
                         dummy_page: int, page_table: torch.Tensor | None = None,
-                        small_decode_rows: int = 0) -> None:
+                        small_decode_rows: int = 0, piece_prefill_keys: int = 0) -> None:
         self.decode.init_cuda_graph(max_batch, max_pages_per_req, page_size, dummy_page,
-                                    page_table, small_decode_rows)
+                                    page_table, small_decode_rows, piece_prefill_keys)
 
     def graph_metadata(self, batch_size: int, out_loc: torch.Tensor) -> HybridMetadata:
         return HybridMetadata(out_loc, self.decode, self.decode.graph_metadata(batch_size, out_loc))

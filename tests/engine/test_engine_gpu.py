@@ -40,6 +40,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # decode rows of mixed steps run between the pieces
     "flashinfer pieces, no small decode": {"attention_backend": "flashinfer",
                                            "max_prefill_tokens": 48, "small_decode_rows": 0},
+    # the prefill rows of mixed steps attended inside the pieces too: one graph replay a step
+    "flashinfer pieces, prefill inside": {"attention_backend": "flashinfer",
+                                          "max_prefill_tokens": 48, "piece_prefill_keys": 4096},
     "flashinfer page1 chunked": {"attention_backend": "flashinfer", "page_size": 1,
                                  "max_prefill_tokens": 48},
     # chunks of 48 beside the decode rows replayed by the decode graphs, a row per new token
@@ -126,9 +129,21 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     prompts = _prompts(llm.core.model_info.vocab_size)
     params = SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS, ignore_eos=True,
                             top_logprobs=TOP)
+    runner = llm.core.runner
+    whole = 0  # steps that replayed a bucket's one graph (prefill rows attended inside)
+    if runner.pieces is not None:
+        prepare = runner.pieces.prepare
+
+        def counted(layout):
+            nonlocal whole
+            plan = prepare(layout)
+            whole += plan.whole
+            return plan
+
+        runner.pieces.prepare = counted
     outs = llm.generate(prompts, params)
     llm.core.check_integrity()
-    runner = llm.core.runner
+    assert (whole > 0) == (config.get("piece_prefill_keys", 0) > 0), whole
     backend = runner.backend.name
     graphs = runner.graphs is not None
     # graphs wherever asked for and the backend can run them at this page size, else eager
@@ -142,7 +157,7 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     hf32 = AutoModelForCausalLM.from_pretrained(str(qwen3_hd128), dtype=torch.float32).cuda().eval()
     stats = compare(hf, hf32, prompts, outs)
     _record({"test": "engine_vs_transformers_bf16", "config": name, "backend": backend,
-             "graphs": graphs, "pieces": pieces, **stats})
+             "graphs": graphs, "pieces": pieces, "whole_graph_steps": whole, **stats})
     assert all(len(o.token_ids) == NEW_TOKENS for o in outs)
     distinct = {tuple(o.token_ids) for o in outs}
     assert len(distinct) == NUM_PROMPTS, "outputs should differ across prompts"

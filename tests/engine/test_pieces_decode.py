@@ -7,7 +7,8 @@ after each layer's KV store, the runner's split of each step (`PiecewiseGraphRun
 reaches it, the rows it leaves (padding, which
 the real kernel fills with what it likes) are written over by the calls between the pieces, and
 the tokens are those of the eager engine. Steps without decode rows for the call replay the pieces
-captured without it.
+captured without it. With a prefill call too (the paged prefill kernel's place), a mixed step's
+prefill rows are attended inside as well, in the bucket's one graph, where the call takes them.
 """
 
 from __future__ import annotations
@@ -123,3 +124,87 @@ def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm,
     with_call = sum(plan.rows > 0 for _, plan in plans)
     assert 0 < with_call < len(plans)
     assert backend.calls == with_call * core.args.num_layers
+
+
+class _AllInPieces(_DecodeInPieces):
+    """Also a prefill call for the pieces, planned as the flashinfer backend plans its paged
+    prefill kernel (each prefill row's slot and positions), refusing requests past `max_keys`."""
+
+    max_keys = 24
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefill_planned: list[tuple[int, int, int]] = []
+        self.first_row = 0
+        self.prefill_calls = 0
+
+    def piece_prefill(self, tokens: int):
+        nkv, hd = self.num_kv_heads, self.head_dim
+        group = self.num_heads // nkv
+
+        def call(q, k_pages, v_pages, out) -> None:
+            self.prefill_calls += 1
+            k, v = k_pages.reshape(-1, nkv, hd), v_pages.reshape(-1, nkv, hd)
+            row = self.first_row
+            for slot, p, s in self.prefill_planned:
+                loc = self.page_table[slot, :s]
+                keys, values = k[loc].transpose(0, 1), v[loc].transpose(0, 1)  # (nkv, s, hd)
+                for pos in range(p, s):
+                    qr = q[row].view(nkv, group, hd)
+                    w = torch.softmax(qr @ keys[:, : pos + 1].transpose(1, 2) * self.scale, -1)
+                    out[row] = (w @ values[:, : pos + 1]).reshape(-1, hd)
+                    row += 1
+
+        return call
+
+    def plan_piece_prefill(self, tokens: int, first_row: int, prefill: StepLayout) -> bool:
+        if max(prefill.seq_lens) > self.max_keys:
+            return False
+        self.first_row = first_row
+        self.prefill_planned = list(zip(prefill.slot_list, prefill.prefix_lens, prefill.seq_lens))
+        self.page_table = prefill.page_table
+        return True
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["one backend", "hybrid"])
+def test_prefill_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm, monkeypatch,
+                                                                   hybrid):
+    """Mixed steps whose prefill rows the prefill call takes replay the bucket's one graph, both
+    calls in every layer and none between (the decode call's padding rows, written first, are
+    written over); the steps it refuses run their prefill rows between the pieces."""
+    p = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
+    prompts = _prompts()
+    config = {"max_prefill_tokens": 16, "max_running_requests": 8}
+    ref = [o.token_ids for o in make_llm(path, **config).generate(prompts, p)]
+    import radixserve.engine.model_runner as model_runner
+
+    made: list[_AllInPieces] = []
+
+    def create(name, *args, **kwargs):
+        made.append(_AllInPieces(*args, **kwargs))
+        return HybridBackend(TorchBackend(*args, **kwargs), made[0]) if hybrid else made[0]
+
+    monkeypatch.setattr(model_runner, "create_backend", create)
+    core = make_llm(path, piecewise_graph_max_tokens=48, **config).core
+    pieces = core.runner.pieces
+    assert set(pieces.whole_graphs) == set(pieces.decode_graphs) == {16, 32, 48}
+    plans: list[PiecesPlan] = []
+    prepare = pieces.prepare
+    monkeypatch.setattr(pieces, "prepare", lambda layout: plans.append(prepare(layout))
+                        or plans[-1])
+    tokens: dict[str, list[int]] = {}
+    for step in range(400):
+        if step < len(prompts):
+            core.add_request(f"r{step}", prompts[step], p)
+        for out in core.step():
+            tokens.setdefault(out.rid, []).extend(out.token_ids)
+        if not core.has_work():
+            break
+    assert [tokens[f"r{i}"] for i in range(len(prompts))] == ref
+    backend = made[0]
+    whole = sum(plan.whole for plan in plans)
+    assert all(plan.rest is None and plan.rows > 0 for plan in plans if plan.whole)
+    # prompts of 33 tokens attend to more than 24 keys: refused, between the pieces
+    assert 0 < whole < sum(plan.rows > 0 and plan.rest is not None for plan in plans) + whole
+    assert backend.prefill_calls == whole * core.args.num_layers
+    assert backend.calls == sum(plan.rows > 0 for plan in plans) * core.args.num_layers
