@@ -17,7 +17,7 @@
 #                                        pieces-8b, long-curve, long-curve-compute, constrained,
 #                                        serving, serving-8b, fa,
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
-#                                        overload-ab, pdl
+#                                        overload-ab, pdl, piece-prefill
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
 #   spy:SECONDS: py-spy (its wheel in .whl) samples the next scheduler process to start, from outside
 #   and without slowing it, for SECONDS, into $OUT/spy-scheduler.txt; read it with the stage
@@ -171,6 +171,28 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
   stage "suite $1 eager" 300 "${SUITE[@]}" --model "$1" --parts "$3" "${EAGER[@]}"
 }
 
+# Mixed steps' prefill attention inside the piecewise graphs (piece_prefill_keys, off: 0): its GPU
+# tests, mixed steps profiled each way, then the 0.6B served at PIECE_PREFILL_RATE (default 74.2
+# req/s, 75 % of a measured maximum) each way in turn, twice.
+piece_prefill() {
+  local keys=${PIECE_PREFILL_KEYS:-4096} k
+  stage "piece-prefill tests" 300 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
+    -k "paged_prefill or (prefill and inside)" "${GPU_TESTS[@]}"
+  for k in "$keys" 0; do
+    stage "piece-prefill profile keys=$k" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
+      --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \
+      --engine piece_prefill_keys=$k --json "$OUT/piece-prefill-profile-$k.json"
+  done
+  save_model qwen3-0.6b
+  for k in "$keys" 0 "$keys" 0; do
+    stage "piece-prefill serving keys=$k" 300 python3 -m radixserve.bench.serving --launch \
+      --model /tmp/models/qwen3-0.6b --num-prompts 1536 --input-len 512 --output-len 512 \
+      --temperature 0.6 --concurrency 256 --request-rate "${PIECE_PREFILL_RATE:-74.2}" \
+      --channels 32 --processes 4 --json "$OUT/piece-prefill-serving-$k-$SECONDS.json" \
+      -- --device cuda --max-running-requests 256 --gateways 4 --piece-prefill-keys "$k"
+  done
+}
+
 overload() {  # overload "SERVE FLAGS": 3x the saturating rate through the services
   save_model qwen3-0.6b
   local label=${1// /}
@@ -243,6 +265,7 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
          for v in true false; do
            stage "pdl=$v offline" 200 "${SUITE[@]}" --model qwen3-0.6b --parts offline --engine pdl=$v
          done ;;
+    piece-prefill) piece_prefill ;;
     mixed) for split in true false; do
              stage "mixed split=$split" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
                --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \
