@@ -17,7 +17,8 @@
 #                                        pieces-8b, long-curve, long-curve-compute, constrained,
 #                                        serving, serving-8b, fa,
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
-#                                        overload-ab, pdl, piece-prefill
+#                                        overload-ab, pdl, piece-prefill,
+#                                        piece-prefill-serving
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
 #   spy:SECONDS: py-spy (its wheel in .whl) samples the next scheduler process to start, from outside
 #   and without slowing it, for SECONDS, into $OUT/spy-scheduler.txt; read it with the stage
@@ -172,17 +173,23 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
 }
 
 # Mixed steps' prefill attention inside the piecewise graphs (piece_prefill_keys, off: 0): its GPU
-# tests, mixed steps profiled each way, then the 0.6B served at PIECE_PREFILL_RATE (default 74.2
-# req/s, 75 % of a measured maximum) each way in turn, twice.
+# tests, its kernel against FlashInfer's (bench kernels --parts paged_prefill), mixed steps
+# profiled each way; piece-prefill-serving: the 0.6B served at PIECE_PREFILL_RATE (default 74.2
+# req/s, 75 % of a measured maximum) each way in turn, twice (PIECE_PREFILL_KEYS: 4096).
 piece_prefill() {
   local keys=${PIECE_PREFILL_KEYS:-4096} k
   stage "piece-prefill tests" 300 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
     -k "paged_prefill or (prefill and inside)" "${GPU_TESTS[@]}"
+  stage "piece-prefill kernels" 200 python3 -m radixserve.bench.kernels --parts paged_prefill \
+    --out "$OUT/results.jsonl"
   for k in "$keys" 0; do
     stage "piece-prefill profile keys=$k" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
       --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \
       --engine piece_prefill_keys=$k --json "$OUT/piece-prefill-profile-$k.json"
   done
+}
+piece_prefill_serving() {
+  local keys=${PIECE_PREFILL_KEYS:-4096} k
   save_model qwen3-0.6b
   for k in "$keys" 0 "$keys" 0; do
     stage "piece-prefill serving keys=$k" 300 python3 -m radixserve.bench.serving --launch \
@@ -266,6 +273,7 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
            stage "pdl=$v offline" 200 "${SUITE[@]}" --model qwen3-0.6b --parts offline --engine pdl=$v
          done ;;
     piece-prefill) piece_prefill ;;
+    piece-prefill-serving) piece_prefill_serving ;;
     mixed) for split in true false; do
              stage "mixed split=$split" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
                --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \

@@ -1,7 +1,8 @@
 """Kernel micro-benchmarks on the GPU: the two ceilings (copy bandwidth, bf16 matmul rate), the
 fused KV store against two index_copy_ calls, FlashInfer paged decode (through our backend, and
-the bare wrapper under different plan options), the small-batch GEMV, and prefill attention of
-each backend side by side (attention_prefill). Medians of triton.testing.do_bench, or of CUDA
+the bare wrapper under different plan options), the small-batch GEMV, prefill attention of
+each backend side by side (attention_prefill), and the piecewise graphs' paged prefill kernel
+against FlashInfer's (paged_prefill). Medians of triton.testing.do_bench, or of CUDA
 events; inputs random, rotated over several buffers where caches could help."""
 
 from __future__ import annotations
@@ -436,16 +437,68 @@ def _prefill_ms(backend: str, nh: int, nkv: int, lens: list[int],
     layout = StepLayout(torch.arange(B, device=dev), [0] * B, list(lens), out_loc, table, P)
     q = torch.randn(sum(lens), nh, hd, device=dev, dtype=torch.bfloat16, generator=g)
     meta = b.prepare(layout)
-    for _ in range(3):  # JIT loads, first-call allocations
-        out = b.attend(q, 0, meta, pool)
+    out = b.attend(q, 0, meta, pool)
+    return _event_ms(lambda: b.attend(q, 0, meta, pool)), out
+
+
+def _event_ms(fn: Any, calls: int = 20) -> float:
+    """Median ms of `calls` CUDA-event-timed calls, after 3 untimed (JIT loads, allocations)."""
+    for _ in range(3):
+        fn()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(20)]
+              for _ in range(calls)]
     for start, end in events:
         start.record()
-        b.attend(q, 0, meta, pool)
+        fn()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events), out
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+# A step's prefill rows, (prefix, new tokens) per request, as steps that admit beside running
+# streams carry them: a short prompt, one and two of 512 tokens, and 512-token chunks deep into a
+# long prompt (the paged kernel walks such a context unsplit)
+PAGED_PREFILL_STEPS = [[(0, 128)], [(0, 512)], [(0, 512), (0, 512)], [(1536, 512)], [(3584, 512)]]
+
+
+def paged_prefill() -> list[dict[str, Any]]:
+    """The piecewise graphs' paged prefill kernel (attention/paged_prefill.py) against FlashInfer's
+    prefill call (`attend`, planned once) on the same prefill rows, bf16, pages of 16: ms, the
+    median of 20 CUDA-event-timed calls of one layer, and the relative difference of the outputs."""
+    from radixserve.engine.attention import StepLayout, create_backend
+    from radixserve.engine.attention.paged_prefill import PagedPrefill
+    from radixserve.engine.kvcache.pool import KVCachePool
+
+    dev, hd, P, bf16 = torch.device("cuda"), 128, 16, torch.bfloat16
+    rows = []
+    for model, nh, nkv in PREFILL_SHAPES:
+        for step in PAGED_PREFILL_STEPS:
+            B, prefix = len(step), [p for p, _ in step]
+            seq = [p + n for p, n in step]
+            g = torch.Generator(device=dev).manual_seed(0)
+            pages = B * -(-max(seq) // P)
+            pool = KVCachePool(1, pages, P, nkv, hd, bf16, dev)
+            pool.k.normal_(generator=g), pool.v.normal_(generator=g)
+            table = _token_table(torch.randperm(pages, device=dev, generator=g).view(B, -1), P)
+            out_loc = torch.cat([table[i, p:s] for i, (p, s) in enumerate(zip(prefix, seq))])
+            layout = StepLayout(torch.arange(B, device=dev), prefix, seq, out_loc, table, P,
+                                list(range(B)))
+            T = len(out_loc)
+            q = torch.randn(T, nh, hd, device=dev, dtype=bf16, generator=g)
+            fi = create_backend("flashinfer", nh, nkv, hd, dev, bf16)
+            meta = fi.prepare(layout)
+            ref, out = fi.attend(q, 0, meta, pool), torch.empty_like(q)
+            paged = PagedPrefill(nh, nkv, hd, hd ** -0.5, table, max(seq))
+            assert paged.plan(T, 0, layout)
+            call, (k, v) = paged.bind(T), pool.pages[0]
+            row: dict[str, Any] = {"kernel": f"paged prefill {model} nh={nh} nkv={nkv} hd=128 "
+                                             f"step={step}",
+                                   "paged_ms": _event_ms(lambda: call(q, k, v, out)),
+                                   "flashinfer_ms": _event_ms(lambda: fi.attend(q, 0, meta, pool,
+                                                                                ref))}
+            row["rel_diff"] = float((out.float() - ref.float()).norm() / ref.float().norm())
+            rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -455,7 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     # which took longer than the whole 300 s kernels stage of gpu_check.sh.
     ap.add_argument("--parts", default="ceilings,kv_store,flashinfer_decode,gemv",
                     help="comma-separated; also decode_variants, attention_prefill, small_decode, "
-                    "gemv_layers")
+                    "gemv_layers, paged_prefill")
     ap.add_argument("--rows", default="",
                     help="small_decode: comma-separated row counts (default: 1 to 256)")
     a = ap.parse_args(argv)
