@@ -76,11 +76,12 @@ def path(tmp_path_factory):
     return checkpoint("qwen3", tmp_path_factory)
 
 
-@pytest.mark.parametrize("hybrid", [False, True], ids=["one backend", "hybrid"])
-def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm, monkeypatch,
-                                                                  hybrid):
-    """hybrid: the stand-in as a hybrid's decode backend beside the torch backend's prefill, which
-    offers its decode backend's call to the pieces."""
+def _serve(path, make_llm, monkeypatch, kind: type[_DecodeInPieces], hybrid: bool):
+    """The prompts through an engine with pieces of buckets 16, 32 and 48, one arrival a step
+    beside the requests decoding, its backend a stand-in of `kind` (alone, or as a hybrid's
+    decode backend beside the torch backend's prefill, which offers its decode backend's calls
+    to the pieces). Returns the eager engine's tokens, this one's, the stand-in, the engine core
+    and each step's (decode rows, plan)."""
     p = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
     prompts = _prompts()
     config = {"max_prefill_tokens": 16, "max_running_requests": 8}
@@ -90,14 +91,13 @@ def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm,
     made: list[_DecodeInPieces] = []
 
     def create(name, *args, **kwargs):
-        made.append(_DecodeInPieces(*args, **kwargs))
+        made.append(kind(*args, **kwargs))
         return HybridBackend(TorchBackend(*args, **kwargs), made[0]) if hybrid else made[0]
 
     monkeypatch.setattr(model_runner, "create_backend", create)
-    # buckets 16, 32, 48: pieces of 6 decode rows, and steps of more than 6 decode rows
     core = make_llm(path, piecewise_graph_max_tokens=48, **config).core
     pieces = core.runner.pieces
-    plans: list[tuple[int, PiecesPlan]] = []  # each step's decode rows and plan
+    plans: list[tuple[int, PiecesPlan]] = []
     prepare = pieces.prepare
 
     def recorded(layout: StepLayout) -> PiecesPlan:
@@ -107,14 +107,22 @@ def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm,
     monkeypatch.setattr(pieces, "prepare", recorded)
     tokens: dict[str, list[int]] = {}
     for step in range(400):
-        if step < len(prompts):  # an arrival a step, beside the requests decoding
+        if step < len(prompts):
             core.add_request(f"r{step}", prompts[step], p)
         for out in core.step():
             tokens.setdefault(out.rid, []).extend(out.token_ids)
         if not core.has_work():
             break
-    assert [tokens[f"r{i}"] for i in range(len(prompts))] == ref
-    backend = made[0]
+    return ref, [tokens[f"r{i}"] for i in range(len(prompts))], made[0], core, plans
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["one backend", "hybrid"])
+def test_decode_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm, monkeypatch,
+                                                                  hybrid):
+    """Pieces of 6 decode rows, and steps of more than 6 decode rows; as one backend and as a
+    hybrid's decode backend."""
+    ref, got, backend, core, plans = _serve(path, make_llm, monkeypatch, _DecodeInPieces, hybrid)
+    assert got == ref
     kinds = {(plan.rows > 0, plan.rest is not None) for _, plan in plans}
     assert kinds == {(True, True), (True, False), (False, True)}  # mixed, decode, prefill
     # steps of more decode rows than the call holds run them all between the pieces
@@ -172,39 +180,14 @@ def test_prefill_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm
     """Mixed steps whose prefill rows the prefill call takes replay the bucket's one graph, both
     calls in every layer and none between (the decode call's padding rows, written first, are
     written over); the steps it refuses run their prefill rows between the pieces."""
-    p = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
-    prompts = _prompts()
-    config = {"max_prefill_tokens": 16, "max_running_requests": 8}
-    ref = [o.token_ids for o in make_llm(path, **config).generate(prompts, p)]
-    import radixserve.engine.model_runner as model_runner
-
-    made: list[_AllInPieces] = []
-
-    def create(name, *args, **kwargs):
-        made.append(_AllInPieces(*args, **kwargs))
-        return HybridBackend(TorchBackend(*args, **kwargs), made[0]) if hybrid else made[0]
-
-    monkeypatch.setattr(model_runner, "create_backend", create)
-    core = make_llm(path, piecewise_graph_max_tokens=48, **config).core
+    ref, got, backend, core, plans = _serve(path, make_llm, monkeypatch, _AllInPieces, hybrid)
+    assert got == ref
     pieces = core.runner.pieces
     assert set(pieces.whole_graphs) == set(pieces.decode_graphs) == {16, 32, 48}
-    plans: list[PiecesPlan] = []
-    prepare = pieces.prepare
-    monkeypatch.setattr(pieces, "prepare", lambda layout: plans.append(prepare(layout))
-                        or plans[-1])
-    tokens: dict[str, list[int]] = {}
-    for step in range(400):
-        if step < len(prompts):
-            core.add_request(f"r{step}", prompts[step], p)
-        for out in core.step():
-            tokens.setdefault(out.rid, []).extend(out.token_ids)
-        if not core.has_work():
-            break
-    assert [tokens[f"r{i}"] for i in range(len(prompts))] == ref
-    backend = made[0]
-    whole = sum(plan.whole for plan in plans)
-    assert all(plan.rest is None and plan.rows > 0 for plan in plans if plan.whole)
+    whole = sum(plan.whole for _, plan in plans)
+    assert all(plan.rest is None and plan.rows > 0 for _, plan in plans if plan.whole)
     # prompts of 33 tokens attend to more than 24 keys: refused, between the pieces
-    assert 0 < whole < sum(plan.rows > 0 and plan.rest is not None for plan in plans) + whole
+    refused = sum(plan.rows > 0 and plan.rest is not None for _, plan in plans)
+    assert whole > 0 and refused > 0
     assert backend.prefill_calls == whole * core.args.num_layers
-    assert backend.calls == sum(plan.rows > 0 for plan in plans) * core.args.num_layers
+    assert backend.calls == sum(plan.rows > 0 for _, plan in plans) * core.args.num_layers
