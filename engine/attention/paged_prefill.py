@@ -47,6 +47,7 @@ BLOCK_N = 64  # keys per iteration
 SPARE_TILES = 16
 
 if triton is not None:
+    from radixserve.engine.attention.small_decode import fold_key_block
     from radixserve.engine.pdl import wait_for_step_data
 
     # work_stride is the bucket's tile count: one build for every bucket
@@ -78,19 +79,10 @@ if triton is not None:
         for t in range(0, end, BLOCK_N):
             offs = t + tl.arange(0, BLOCK_N)
             live = offs < end
-            loc = tl.load(table_ptr + slot * table_stride + offs, mask=live, other=0)
-            kv = loc[:, None] * kv_stride_t + kvh * kv_stride_h + d[None, :]
-            k = tl.load(k_ptr + kv, mask=live[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k)) * sm_scale  # (BLOCK_M * GROUP_P, BLOCK_N)
-            seen = live[None, :] & (offs[None, :] <= qpos[:, None])
-            scores = tl.where(seen, scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, 1))
-            p = tl.exp(scores - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            v = tl.load(v_ptr + kv, mask=live[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            denom = denom * alpha + tl.sum(p, 1)
-            m = m_new
+            seen = live[None, :] & (offs[None, :] <= qpos[:, None])  # causal
+            m, denom, acc = fold_key_block(q, m, denom, acc, table_ptr + slot * table_stride, offs,
+                                           live, seen, k_ptr, v_ptr, kvh, kv_stride_t,
+                                           kv_stride_h, sm_scale, HD)
         o = acc / tl.maximum(denom, 1e-30)[:, None]
         tl.store(out_ptr + (row0 + tok)[:, None] * o_stride_b + heads[:, None] * o_stride_h
                  + d[None, :], o.to(out_ptr.dtype.element_ty), mask=live_q[:, None])

@@ -117,6 +117,28 @@ if triton is not None:
         tl.store(out_ptr + b * o_stride_b + h[:, None] * o_stride_h + d[None, :],
                  res.to(out_ptr.dtype.element_ty), mask=(g < GROUP)[:, None])
 
+    @triton.jit
+    def fold_key_block(q, m, denom, acc, keys_ptr, offs, live, seen, k_ptr, v_ptr, kvh,
+                       kv_stride_t, kv_stride_h, sm_scale, HD: tl.constexpr):
+        """One block of a paged row's keys folded into the online softmax (m, denom, acc) of q
+        (rows, HD): positions `offs`, those in `live` present, their token locations at
+        keys_ptr + offs (the row's page table); scores outside `seen` (rows or 1, keys) are
+        -inf. Returns the new (m, denom, acc). The paged prefill kernel (paged_prefill.py) walks
+        its keys with it too."""
+        d = tl.arange(0, HD)
+        loc = tl.load(keys_ptr + offs, mask=live, other=0)
+        kv = loc[:, None] * kv_stride_t + kvh * kv_stride_h + d[None, :]
+        k = tl.load(k_ptr + kv, mask=live[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * sm_scale  # (rows, keys)
+        scores = tl.where(seen, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        v = tl.load(v_ptr + kv, mask=live[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        denom = denom * alpha + tl.sum(p, 1)
+        return m_new, denom, acc
+
     # rows_stride is the graph's row count: one build for every size, not one per divisibility
     @triton.jit(do_not_specialize=["rows_stride"])
     def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, work_ptr, out_ptr, po_ptr,
@@ -165,18 +187,9 @@ if triton is not None:
         for t in range(t0, t1, BLOCK_N):
             offs = t + tl.arange(0, BLOCK_N)
             live = offs < t1
-            loc = tl.load(table_ptr + slot * table_stride + offs, mask=live, other=0)
-            kv = loc[:, None] * kv_stride_t + kvh * kv_stride_h + d[None, :]
-            k = tl.load(k_ptr + kv, mask=live[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k)) * sm_scale  # (GROUP_P, BLOCK_N)
-            scores = tl.where(live[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, 1))
-            p = tl.exp(scores - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            v = tl.load(v_ptr + kv, mask=live[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            denom = denom * alpha + tl.sum(p, 1)
-            m = m_new
+            m, denom, acc = fold_key_block(q, m, denom, acc, table_ptr + slot * table_stride, offs,
+                                           live, live[None, :], k_ptr, v_ptr, kvh, kv_stride_t,
+                                           kv_stride_h, sm_scale, HD)
         o = acc / denom[:, None]
         if used == 1:  # the whole row in share 0; any others have no keys
             tl.store(out_ptr + b * o_stride_b + heads[:, None] * o_stride_h + d[None, :],
