@@ -472,6 +472,7 @@ def paged_prefill() -> list[dict[str, Any]]:
     dev, hd, P, bf16 = torch.device("cuda"), 128, 16, torch.bfloat16
     rows = []
     for model, nh, nkv in PREFILL_SHAPES:
+        fi = create_backend("flashinfer", nh, nkv, hd, dev, bf16)  # one per shape: every step
         for step in PAGED_PREFILL_STEPS:
             B, prefix = len(step), [p for p, _ in step]
             seq = [p + n for p, n in step]
@@ -485,7 +486,6 @@ def paged_prefill() -> list[dict[str, Any]]:
                                 list(range(B)))
             T = len(out_loc)
             q = torch.randn(T, nh, hd, device=dev, dtype=bf16, generator=g)
-            fi = create_backend("flashinfer", nh, nkv, hd, dev, bf16)
             meta = fi.prepare(layout)
             ref, out = fi.attend(q, 0, meta, pool), torch.empty_like(q)
             paged = PagedPrefill(nh, nkv, hd, hd ** -0.5, table, max(seq))
