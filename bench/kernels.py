@@ -173,7 +173,10 @@ WIDE_DECODE_SHAPES = [(128, 512, 4, 3, 64, 16, 4), (128, 512, 4, 3, 0),
                       (128, 512, 4, 3, 64, 16, 16), (128, 512, 4, 3, 64, 16, 2),
                       (128, 512, 4, 3, 64, 16, 8),
                       (128, 512, 4, 3, 128, 16, 4), (128, 512, 4, 3, 32, 16, 4),
-                      (64, 512, 4, 3, 64, 32, 8)]
+                      (64, 512, 4, 3, 64, 32, 8),
+                      # eight warps: at four, tiles of 128 keys keep some 3 KB a thread in local
+                      # memory (`bench resources`)
+                      (128, 512, 8, 3, 64, 16, 4), (128, 512, 8, 3, 0)]
 SMALL_DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -459,14 +462,19 @@ def _event_ms(fn: Any, calls: int = 20) -> float:
 # streams carry them: a short prompt, one and two of 512 tokens, and 512-token chunks deep into a
 # long prompt (the paged kernel walks such a context unsplit)
 PAGED_PREFILL_STEPS = [[(0, 128)], [(0, 512)], [(0, 512), (0, 512)], [(1536, 512)], [(3584, 512)]]
+# (keys per iteration, warps, stages); the first is the kernel's default. Four warps at 64 keys
+# keep part of a tile in local memory at head dim 128; 32 keys fit four (`bench resources`).
+PAGED_PREFILL_SHAPES = [(64, 8, 2), (64, 8, 3), (32, 4, 2), (32, 4, 3), (64, 4, 2), (32, 8, 2)]
 
 
 def paged_prefill() -> list[dict[str, Any]]:
     """The piecewise graphs' paged prefill kernel (attention/paged_prefill.py) against FlashInfer's
     prefill call (`attend`, planned once) on the same prefill rows, bf16, pages of 16: ms, the
-    median of 20 CUDA-event-timed calls of one layer, and the relative difference of the outputs."""
+    median of 20 CUDA-event-timed calls of one layer, for each launch shape of
+    PAGED_PREFILL_SHAPES (`paged_K_wW_sS_ms`; `paged_ms` the default's), and the largest relative
+    difference of the outputs from FlashInfer's over the shapes."""
     from radixserve.engine.attention import StepLayout, create_backend
-    from radixserve.engine.attention.paged_prefill import PagedPrefill
+    from radixserve.engine.attention.paged_prefill import PagedPrefill, PrefillShape
     from radixserve.engine.kvcache.pool import KVCachePool
 
     dev, hd, P, bf16 = torch.device("cuda"), 128, 16, torch.bfloat16
@@ -488,15 +496,21 @@ def paged_prefill() -> list[dict[str, Any]]:
             q = torch.randn(T, nh, hd, device=dev, dtype=bf16, generator=g)
             meta = fi.prepare(layout)
             ref, out = fi.attend(q, 0, meta, pool), torch.empty_like(q)
-            paged = PagedPrefill(nh, nkv, hd, hd ** -0.5, table, max(seq))
-            assert paged.plan(T, 0, layout)
-            call, (k, v) = paged.bind(T), pool.pages[0]
             row: dict[str, Any] = {"kernel": f"paged prefill {model} nh={nh} nkv={nkv} hd=128 "
                                              f"step={step}",
-                                   "paged_ms": _event_ms(lambda: call(q, k, v, out)),
                                    "flashinfer_ms": _event_ms(lambda: fi.attend(q, 0, meta, pool,
-                                                                                ref))}
-            row["rel_diff"] = float((out.float() - ref.float()).norm() / ref.float().norm())
+                                                                                ref)),
+                                   "rel_diff": 0.0}
+            for i, shape in enumerate(PrefillShape(*t) for t in PAGED_PREFILL_SHAPES):
+                paged = PagedPrefill(nh, nkv, hd, hd ** -0.5, table, max(seq), shape)
+                assert paged.plan(T, 0, layout)
+                call, (k, v) = paged.bind(T), pool.pages[0]
+                ms = _event_ms(lambda: call(q, k, v, out))  # noqa: B023 (timed right here)
+                row["paged_{}_w{}_s{}_ms".format(*shape)] = ms
+                if i == 0:
+                    row["paged_ms"] = ms
+                row["rel_diff"] = max(row["rel_diff"], float(
+                    (out.float() - ref.float()).norm() / ref.float().norm()))
             rows.append(row)
     return rows
 

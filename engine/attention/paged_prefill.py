@@ -29,6 +29,8 @@ position of its first token.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from radixserve.engine import pdl
 from radixserve.engine.attention.base import LayerCall, StepLayout
@@ -41,7 +43,21 @@ except ImportError:
     triton = None
 
 TILE_ROWS = 64  # block_m * the group of query heads (padded to a power of two): one MMA operand
-BLOCK_N = 64  # keys per iteration
+
+
+class PrefillShape(NamedTuple):
+    """How the kernel is launched (`bench kernels --parts paged_prefill` sweeps these)."""
+
+    block_n: int = 64  # keys per iteration
+    warps: int = 8
+    stages: int = 2  # Triton's software pipelining of the key loop's loads
+
+
+# Eight warps: with four, a tile of 64 rows and 64 keys at head dim 128 needs more than the 255
+# registers a thread has, and ptxas keeps the rest in local memory (`bench resources`, compiled
+# for compute capability 9.0 by Triton 3.6 and 3.9: 416-424 and 168 bytes a thread; none at eight
+# warps).
+DEFAULT_SHAPE = PrefillShape()
 # Tiles a bucket's grid has past one per `block_m` of its rows: a request's last tile is partial,
 # so a step of more prefill requests than this may need more tiles than the grid holds (refused)
 SPARE_TILES = 16
@@ -88,6 +104,16 @@ if triton is not None:
                  + d[None, :], o.to(out_ptr.dtype.element_ty), mask=live_q[:, None])
 
 
+def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int,
+                     shape: PrefillShape) -> dict[str, int]:
+    """`_prefill_kernel`'s compile-time arguments and launch options (PDL's apart:
+    pdl.launch_kwargs). `bench resources` compiles the kernel with these too."""
+    group = num_heads // num_kv_heads
+    return {"GROUP": group, "GROUP_P": 1 << (group - 1).bit_length(), "HD": head_dim,
+            "BLOCK_M": block_rows(num_heads, num_kv_heads), "BLOCK_N": shape.block_n,
+            "num_warps": shape.warps, "num_stages": shape.stages}
+
+
 def block_rows(num_heads: int, num_kv_heads: int) -> int:
     """block_m: a tile's tokens, so that tokens x the padded group of query heads is TILE_ROWS."""
     group = 1 << (num_heads // num_kv_heads - 1).bit_length()
@@ -125,11 +151,13 @@ class PagedPrefill:
     before a replay), at fixed addresses for the graphs that read them."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sm_scale: float,
-                 page_table: torch.Tensor, max_keys: int) -> None:
+                 page_table: torch.Tensor, max_keys: int,
+                 shape: PrefillShape = DEFAULT_SHAPE) -> None:
         assert num_heads % num_kv_heads == 0 and head_dim & (head_dim - 1) == 0
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.sm_scale, self.page_table, self.max_keys = sm_scale, page_table, max_keys
         self.block_m = block_rows(num_heads, num_kv_heads)
+        self._constants = kernel_constants(num_heads, num_kv_heads, head_dim, shape)
         self._work: dict[int, torch.Tensor] = {}  # per bucket: (4, tiles_for(bucket))
         self._host = HostBuffers(page_table.device.type == "cuda")  # the plan's copy, one a step
 
@@ -161,10 +189,8 @@ class PagedPrefill:
     def bind(self, tokens: int) -> LayerCall:
         """The call that runs one layer of bucket `tokens`' latest plan (`plan` it first)."""
         work = self._work[tokens]
-        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        group = nh // nkv
-        table = self.page_table
-        grid = (work.size(1), nkv)
+        table, constants = self.page_table, self._constants
+        grid = (work.size(1), self.num_kv_heads)
 
         def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
             # k, v: (num_pages, P, nkv, hd), token-major within a page and pages back to back
@@ -173,7 +199,6 @@ class PagedPrefill:
             _prefill_kernel[grid](
                 q, k, v, table, work, out, self.sm_scale, work.size(1), table.stride(0),
                 q.stride(0), q.stride(1), k.stride(1), k.stride(2), out.stride(0), out.stride(1),
-                GROUP=group, GROUP_P=1 << (group - 1).bit_length(), HD=hd, BLOCK_M=self.block_m,
-                BLOCK_N=BLOCK_N, num_warps=4, num_stages=2, **pdl.launch_kwargs())
+                **constants, **pdl.launch_kwargs())
 
         return call

@@ -231,6 +231,18 @@ def list_shares(seq_lens: list[int], shape: LaunchShape) -> dict[int, tuple[int,
     return {i: (per, -(-t // per)) for i, t in long.items() if t > per}
 
 
+def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int, shape: LaunchShape,
+                     splits: int) -> dict[str, int]:
+    """`_decode_kernel`'s compile-time arguments and launch options for one launch shape (PDL's
+    apart: pdl.launch_kwargs). `bench resources` compiles the kernel with these too."""
+    group = num_heads // num_kv_heads
+    # the dot products' rows: the group padded to the 16 rows an MMA operand has at least
+    return {"NH": num_heads, "NKV": num_kv_heads, "GROUP": group,
+            "GROUP_P": max(16, 1 << (group - 1).bit_length()), "HD": head_dim,
+            "BLOCK_N": shape.block_n, "SPLITS": splits, "SPARE": shape.spare,
+            "CHUNK": MERGE_CHUNK, "num_warps": shape.warps, "num_stages": shape.stages}
+
+
 class SmallBatchDecode:
     """The kernel's static state for decode graphs of up to `max_rows` rows: each row's slot and
     length (rewritten by `plan` before a replay), the long rows' shares and the work list of the
@@ -320,12 +332,12 @@ class SmallBatchDecode:
     def bind(self, batch_size: int) -> LayerCall:
         """The call that runs one layer for graphs of `batch_size` rows."""
         assert batch_size <= self.max_rows
-        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        block_n, programs, warps, stages, spare, _, _ = self.shape_at(batch_size)
-        splits = 1 if spare else splits_for(batch_size, nkv, programs)
-        group = nh // nkv
+        shape = self.shape_at(batch_size)
+        splits = 1 if shape.spare else splits_for(batch_size, self.num_kv_heads, shape.programs)
+        constants = kernel_constants(self.num_heads, self.num_kv_heads, self.head_dim, shape,
+                                     splits)
         table = self.page_table
-        grid = (batch_size + spare, nkv, splits)
+        grid = (batch_size + shape.spare, self.num_kv_heads, splits)
 
         def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
             # k, v: (num_pages, P, nkv, hd), token-major within a page and pages back to back
@@ -334,9 +346,7 @@ class SmallBatchDecode:
             _decode_kernel[grid](
                 q, k, v, table, self._rows, self.work, out, self._parts_o, self._parts_lse,
                 self._arrivals, self.sm_scale, batch_size, table.stride(0), q.stride(0),
-                q.stride(1), k.stride(1), k.stride(2), out.stride(0), out.stride(1), NH=nh,
-                NKV=nkv, GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)), HD=hd,
-                BLOCK_N=block_n, SPLITS=splits, SPARE=spare, CHUNK=MERGE_CHUNK,
-                num_warps=warps, num_stages=stages, **pdl.launch_kwargs())
+                q.stride(1), k.stride(1), k.stride(2), out.stride(0), out.stride(1),
+                **constants, **pdl.launch_kwargs())
 
         return call

@@ -1,0 +1,187 @@
+"""`radixserve bench resources`: what the attention kernels of the graphs take of an SM, compiled
+for a GPU without one.
+
+Triton compiles a kernel for a named target with no device present: to PTX, then through the
+ptxas its wheel carries to a cubin, whose resource use cuobjdump (also in the wheel) reads. So a
+kernel change can be checked on a machine without a GPU for what decides much of its speed:
+
+- registers a thread, and from them (and the shared memory) how many programs an SM holds at once
+  (`programs_sm`, the occupancy bound; 64K registers and 228 KiB of shared memory an SM, 1 KiB of
+  it reserved a program, at most 32 programs and 64 warps);
+- local memory a thread (`local_b`): what ptxas could not keep in registers, spilled values or
+  arrays indexed at run time. Every access (`stl`, `ldl`: the store and load instructions to it in
+  the code) goes through the L1 to memory: a kernel that must stream its keys at the memory's rate
+  loses that time twice;
+- shared memory a program, and the instructions in the code.
+
+Each kernel is compiled with the engine's own compile-time arguments and launch options (its
+module's `kernel_constants`) for the head shapes of the models named, with PDL on (as on an
+H200): the paged prefill kernel of the piecewise graphs, and the small decode kernel at graphs of
+1, 32 and 256 rows (its two launch shapes). `--sweep` also compiles the launch shapes
+`bench kernels` times on a GPU. Nothing here is timed: a kernel without local memory can still be
+slow, and only the GPU's own timing says which of two shapes is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any, NamedTuple
+
+from radixserve.bench.common import print_table, write_json
+from radixserve.bench.models import CONFIGS
+
+# Per SM of compute capability 9.0 (H100, H200)
+SM_REGISTERS = 65536
+SM_SHARED = 228 * 1024
+PROGRAM_RESERVED_SHARED = 1024
+SM_PROGRAMS, SM_WARPS = 32, 64
+REGISTER_UNIT = 256  # registers are allocated to a warp in units of this many
+
+
+class Compiled(NamedTuple):
+    """One kernel's cubin: what a thread and a program of it take."""
+
+    registers: int  # a thread
+    local_bytes: int  # a thread: spilled values and arrays indexed at run time
+    spill_stores: int  # store and load instructions to local memory in the code
+    spill_loads: int
+    shared_bytes: int  # a program
+    instructions: int
+    warps: int
+
+    def programs_per_sm(self) -> int:
+        """How many programs an SM holds at once, by registers, shared memory and warps."""
+        per_warp = -(-self.registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+        by_registers = SM_REGISTERS // (per_warp * self.warps)
+        by_shared = SM_SHARED // (self.shared_bytes + PROGRAM_RESERVED_SHARED)
+        return min(by_registers, by_shared, SM_PROGRAMS, SM_WARPS // self.warps)
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: this Triton has no CUDA tools (its CUDA backend ships "
+                                "ptxas and cuobjdump in its Linux x86_64 wheels)")
+    return path
+
+
+def compile_kernel(fn: Any, types: dict[str, str], constants: dict[str, Any],
+                   arch: int = 90) -> Compiled:
+    """Compile Triton kernel `fn` for CUDA compute capability `arch` (90: H100, H200) without a
+    GPU. types: the Triton type of each pointer and float argument ("*bf16", "*i64", "fp32");
+    every other run-time argument is an i32. constants: the kernel's constexpr arguments by name,
+    with `num_warps` and `num_stages`."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    options = {"num_warps": constants["num_warps"], "num_stages": constants["num_stages"]}
+    constexprs = {k: v for k, v in constants.items() if k not in options}
+    names = fn.arg_names
+    unknown = set(constexprs) - set(names)
+    assert not unknown, f"{fn.__name__} has no arguments {sorted(unknown)}"
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    source = ASTSource(fn=fn, signature=signature,
+                       constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin],
+                              capture_output=True, text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    assert found, f"no resource usage in cuobjdump's output: {usage[-300:]}"
+    return Compiled(registers=int(found[1]), local_bytes=int(found[2]),
+                    spill_stores=len(re.findall(r"\bSTL(?:\.\w+)*\s", sass)),
+                    spill_loads=len(re.findall(r"\bLDL(?:\.\w+)*\s", sass)),
+                    shared_bytes=kernel.metadata.shared,
+                    instructions=len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)),
+                    warps=constants["num_warps"])
+
+
+# The kernels' pointer and float arguments (every other run-time argument is an i32)
+_ATTENTION_TYPES = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16",
+                    "table_ptr": "*i64", "sm_scale": "fp32"}
+PREFILL_TYPES = _ATTENTION_TYPES | {"work_ptr": "*i64"}
+DECODE_TYPES = _ATTENTION_TYPES | {"rows_ptr": "*i64", "work_ptr": "*i64", "po_ptr": "*fp32",
+                                   "plse_ptr": "*fp32", "arrivals_ptr": "*i32"}
+
+
+class Case(NamedTuple):
+    kernel: str  # what the table calls it
+    fn: Any
+    types: dict[str, str]
+    constants: dict[str, Any]
+    shape: str
+
+
+def cases(models: list[str], sweep: bool = False) -> list[Case]:
+    """The attention kernels as the engine launches them for each model's heads."""
+    from radixserve.bench.kernels import PAGED_PREFILL_SHAPES, WIDE_DECODE_SHAPES
+    from radixserve.engine.attention import paged_prefill, small_decode
+
+    out = []
+    for model in models:
+        cfg = CONFIGS[model]
+        nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
+        heads = f"{model} {nh}/{nkv}x{hd}"
+        prefill = [paged_prefill.DEFAULT_SHAPE] + (
+            [paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES[1:]] if sweep else [])
+        for shape in prefill:
+            out.append(Case(f"paged prefill, {heads}", paged_prefill._prefill_kernel,
+                            PREFILL_TYPES,
+                            paged_prefill.kernel_constants(nh, nkv, hd, shape) | {"PDL": True},
+                            "{}k w{} s{}".format(*shape)))
+        decode = [(rows, small_decode.shape_for(rows)) for rows in (1, 32, 256)]
+        if sweep:
+            decode += [(256, small_decode.LaunchShape(*t)) for t in WIDE_DECODE_SHAPES
+                       if small_decode.LaunchShape(*t) != small_decode.WIDE_SHAPE]
+        for rows, shape in decode:
+            splits = 1 if shape.spare else small_decode.splits_for(rows, nkv, shape.programs)
+            constants = small_decode.kernel_constants(nh, nkv, hd, shape, splits)
+            out.append(Case(f"small decode, {heads}, {rows} rows", small_decode._decode_kernel,
+                            DECODE_TYPES, constants | {"PDL": True},
+                            f"{shape.block_n}k w{shape.warps} s{shape.stages} splits {splits}"
+                            + (f" spare {shape.spare} l{shape.long_tiles} s{shape.share_tiles}"
+                               if shape.spare else "")))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="radixserve bench resources", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="qwen3-0.6b,qwen3-8b",
+                    help="comma-separated names from bench/models.py: their attention heads")
+    ap.add_argument("--arch", type=int, default=90,
+                    help="CUDA compute capability x 10 to compile for (90: H100, H200)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also the launch shapes `bench kernels` sweeps on a GPU")
+    ap.add_argument("--json", default=None, help="also write the table to this JSON file")
+    a = ap.parse_args(argv)
+    import triton
+
+    table = []
+    for case in cases(a.models.split(","), a.sweep):
+        c = compile_kernel(case.fn, case.types, case.constants, a.arch)
+        table.append({"kernel": case.kernel, "shape": case.shape, "regs": c.registers,
+                      "local_b": c.local_bytes, "stl": c.spill_stores, "ldl": c.spill_loads,
+                      "shared_kib": c.shared_bytes / 1024, "programs_sm": c.programs_per_sm(),
+                      "instructions": c.instructions})
+    title = f"compiled for sm_{a.arch} by Triton {triton.__version__} (no GPU: nothing timed)"
+    print_table(title, table)
+    write_json(a.json, {"part": "resources", "arch": a.arch, "triton": triton.__version__,
+                        "rows": table})
+
+
+if __name__ == "__main__":
+    main()
