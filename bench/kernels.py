@@ -173,10 +173,7 @@ WIDE_DECODE_SHAPES = [(128, 512, 4, 3, 64, 16, 4), (128, 512, 4, 3, 0),
                       (128, 512, 4, 3, 64, 16, 16), (128, 512, 4, 3, 64, 16, 2),
                       (128, 512, 4, 3, 64, 16, 8),
                       (128, 512, 4, 3, 128, 16, 4), (128, 512, 4, 3, 32, 16, 4),
-                      (64, 512, 4, 3, 64, 32, 8),
-                      # eight warps: at four, tiles of 128 keys keep some 3 KB a thread in local
-                      # memory (`bench resources`)
-                      (128, 512, 8, 3, 64, 16, 4), (128, 512, 8, 3, 0)]
+                      (64, 512, 4, 3, 64, 32, 8), (128, 512, 8, 3, 64, 16, 4)]
 SMALL_DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -462,9 +459,8 @@ def _event_ms(fn: Any, calls: int = 20) -> float:
 # streams carry them: a short prompt, one and two of 512 tokens, and 512-token chunks deep into a
 # long prompt (the paged kernel walks such a context unsplit)
 PAGED_PREFILL_STEPS = [[(0, 128)], [(0, 512)], [(0, 512), (0, 512)], [(1536, 512)], [(3584, 512)]]
-# (keys per iteration, warps, stages); the first is the kernel's default. Four warps at 64 keys
-# keep part of a tile in local memory at head dim 128; 32 keys fit four (`bench resources`).
-PAGED_PREFILL_SHAPES = [(64, 8, 2), (64, 8, 3), (32, 4, 2), (32, 4, 3), (64, 4, 2), (32, 8, 2)]
+# (keys per iteration, warps, stages); the first is the kernel's default
+PAGED_PREFILL_SHAPES = [(64, 4, 2), (64, 4, 3), (32, 4, 2), (64, 8, 2), (32, 8, 2), (128, 8, 2)]
 
 
 def paged_prefill() -> list[dict[str, Any]]:

@@ -76,7 +76,13 @@ def compile_kernel(fn: Any, types: dict[str, str], constants: dict[str, Any],
     """Compile Triton kernel `fn` for CUDA compute capability `arch` (90: H100, H200) without a
     GPU. types: the Triton type of each pointer and float argument ("*bf16", "*i64", "fp32");
     every other run-time argument is an i32. constants: the kernel's constexpr arguments by name,
-    with `num_warps` and `num_stages`."""
+    with `num_warps` and `num_stages`.
+
+    Every pointer and integer argument that the kernel lets Triton specialize is taken to be a
+    multiple of 16, as the engine's are at a launch (torch's allocations; strides of heads of
+    64 or 128 and of page-table rows of whole pages). The JIT compiles such a launch with that
+    fact, and the loads it vectorizes by it: without it, a tile's loads take an address register
+    each element, which alone can exceed a thread's registers."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -87,8 +93,12 @@ def compile_kernel(fn: Any, types: dict[str, str], constants: dict[str, Any],
     unknown = set(constexprs) - set(names)
     assert not unknown, f"{fn.__name__} has no arguments {sorted(unknown)}"
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    multiples_of_16 = {(p.num,): [["tt.divisibility", 16]] for p in fn.params
+                       if signature[p.name] != "constexpr" and not p.do_not_specialize
+                       and not signature[p.name].startswith("fp")}
     source = ASTSource(fn=fn, signature=signature,
-                       constexprs={(names.index(k),): v for k, v in constexprs.items()})
+                       constexprs={(names.index(k),): v for k, v in constexprs.items()},
+                       attrs=multiples_of_16)
     kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernel.cubin")

@@ -49,14 +49,10 @@ class PrefillShape(NamedTuple):
     """How the kernel is launched (`bench kernels --parts paged_prefill` sweeps these)."""
 
     block_n: int = 64  # keys per iteration
-    warps: int = 8
+    warps: int = 4
     stages: int = 2  # Triton's software pipelining of the key loop's loads
 
 
-# Eight warps: with four, a tile of 64 rows and 64 keys at head dim 128 needs more than the 255
-# registers a thread has, and ptxas keeps the rest in local memory (`bench resources`, compiled
-# for compute capability 9.0 by Triton 3.6 and 3.9: 416-424 and 168 bytes a thread; none at eight
-# warps).
 DEFAULT_SHAPE = PrefillShape()
 # Tiles a bucket's grid has past one per `block_m` of its rows: a request's last tile is partial,
 # so a step of more prefill requests than this may need more tiles than the grid holds (refused)

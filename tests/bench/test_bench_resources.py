@@ -25,25 +25,17 @@ needs_tools = pytest.mark.skipif(not _have_cuda_tools(),
 
 
 @needs_tools
-def test_the_graphs_attention_kernels_compile_for_an_h200() -> None:
+def test_the_graphs_attention_kernels_compile_for_an_h200_within_its_registers() -> None:
     cases = resources.cases(["qwen3-0.6b", "qwen3-8b"])
     # per model: the paged prefill kernel, and the small decode kernel at 1, 32 and 256 rows
     assert len(cases) == 8
     for case in cases:
         c = resources.compile_kernel(case.fn, case.types, case.constants, arch=90)
-        assert 0 < c.registers <= 255, case
         assert c.shared_bytes > 0 and c.instructions > 0, case
-        assert c.programs_per_sm() >= 1, case
-
-
-@needs_tools
-@pytest.mark.parametrize("model", ["qwen3-0.6b", "qwen3-8b"])
-def test_the_paged_prefill_tile_fits_in_registers(model: str) -> None:
-    # at four warps a 64 x 64 tile of head dim 128 kept part of it in local memory, every access
-    # a trip through the L1 to memory (docs/benchmarks.md)
-    (case,) = [c for c in resources.cases([model]) if c.kernel.startswith("paged prefill")]
-    c = resources.compile_kernel(case.fn, case.types, case.constants, arch=90)
-    assert (c.local_bytes, c.spill_stores, c.spill_loads) == (0, 0, 0), (case.shape, c)
+        assert c.programs_per_sm() >= 1, case  # its shared memory fits an SM
+        # nothing in local memory: each access would go through the L1 to memory (128 keys at
+        # four warps, for one, did not fit the paged prefill kernel's tile)
+        assert (c.local_bytes, c.spill_stores, c.spill_loads) == (0, 0, 0), (case, c)
 
 
 def test_programs_per_sm_take_the_scarcest_of_registers_shared_memory_and_warps() -> None:
