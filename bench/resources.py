@@ -1,5 +1,5 @@
-"""`radixserve bench resources`: what the attention kernels of the graphs take of an SM, compiled
-for a GPU without one.
+"""`radixserve bench resources`: what the Triton kernels of a step take of an SM, compiled for a GPU
+without one.
 
 Triton compiles a kernel for a named target with no device present: to PTX, then through the
 ptxas its wheel carries to a cubin, whose resource use cuobjdump (also in the wheel) reads. So a
@@ -15,11 +15,11 @@ kernel change can be checked on a machine without a GPU for what decides much of
 - shared memory a program, and the instructions in the code.
 
 Each kernel is compiled with the engine's own compile-time arguments and launch options (its
-module's `kernel_constants`) for the head shapes of the models named, with PDL on (as on an
-H200): the paged prefill kernel of the piecewise graphs, and the small decode kernel at graphs of
-1, 32 and 256 rows (its two launch shapes). `--sweep` also compiles the launch shapes
-`bench kernels` times on a GPU. Nothing here is timed: a kernel without local memory can still be
-slow, and only the GPU's own timing says which of two shapes is faster.
+module's `kernel_constants`) for the models named, with PDL on (as on an H200): the paged prefill
+kernel of the piecewise graphs, the small decode kernel at graphs of 1, 32 and 256 rows (its two
+launch shapes), and the GEMV of a layer's four weights at one row. `--sweep` also compiles the
+launch shapes `bench kernels` times on a GPU. Nothing here is timed: a kernel without local memory
+can still be slow, and only the GPU's own timing says which of two shapes is faster.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def compile_kernel(fn: Any, types: dict[str, str], constants: dict[str, Any],
     """Compile Triton kernel `fn` for CUDA compute capability `arch` (90: H100, H200) without a
     GPU. types: the Triton type of each pointer and float argument ("*bf16", "*i64", "fp32");
     every other run-time argument is an i32. constants: the kernel's constexpr arguments by name,
-    with `num_warps` and `num_stages`.
+    with `num_warps` (and `num_stages`, where the launch names it).
 
     Every pointer and integer argument that the kernel lets Triton specialize is taken to be a
     multiple of 16, as the engine's are at a launch (torch's allocations; strides of heads of
@@ -87,7 +87,8 @@ def compile_kernel(fn: Any, types: dict[str, str], constants: dict[str, Any],
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    options = {"num_warps": constants["num_warps"], "num_stages": constants["num_stages"]}
+    # Triton's own number of pipeline stages where the launch names none
+    options = {"num_warps": constants["num_warps"], "num_stages": constants.get("num_stages", 3)}
     constexprs = {k: v for k, v in constants.items() if k not in options}
     names = fn.arg_names
     unknown = set(constexprs) - set(names)
@@ -122,6 +123,9 @@ def compile_kernel(fn: Any, types: dict[str, str], constants: dict[str, Any],
 _ATTENTION_TYPES = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16",
                     "table_ptr": "*i64", "sm_scale": "fp32"}
 PREFILL_TYPES = _ATTENTION_TYPES | {"work_ptr": "*i64"}
+GEMV_TYPES = {name: "*bf16" for name in ("x_ptr", "w_ptr", "b_ptr", "out_ptr", "r_ptr",
+                                          "r_out_ptr", "nw_ptr")} | {"eps": "fp32"}
+H200_SMS = 132  # as many as an H100 SXM has
 DECODE_TYPES = _ATTENTION_TYPES | {"rows_ptr": "*i64", "work_ptr": "*i64", "po_ptr": "*fp32",
                                    "plse_ptr": "*fp32", "arrivals_ptr": "*i32"}
 
@@ -135,9 +139,11 @@ class Case(NamedTuple):
 
 
 def cases(models: list[str], sweep: bool = False) -> list[Case]:
-    """The attention kernels as the engine launches them for each model's heads."""
+    """The attention kernels as the engine launches them for each model's heads, and the GEMV at
+    one row for each weight of a layer, in the form the layers take at one row."""
     from radixserve.bench.kernels import PAGED_PREFILL_SHAPES, WIDE_DECODE_SHAPES
     from radixserve.engine.attention import paged_prefill, small_decode
+    from radixserve.engine.layers import gemv
 
     out = []
     for model in models:
@@ -164,6 +170,20 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
                             f"{shape.block_n}k w{shape.warps} s{shape.stages} splits {splits}"
                             + (f" spare {shape.spare} l{shape.long_tiles} s{shape.share_tiles}"
                                if shape.spare else "")))
+        hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+        # (weight, input, N, K, SiLU-mul in the store): the residual add and RMSNorm go into
+        # qkv_proj and gate_up_proj, SiLU-mul into gate_up_proj's store
+        for name, kind, N, K, swiglu in (("qkv", gemv.NORMED, (nh + 2 * nkv) * hd, hidden, False),
+                                         ("o", gemv.PLAIN, hidden, nh * hd, False),
+                                         ("gate_up", gemv.NORMED, 2 * inter, hidden, True),
+                                         ("down", gemv.PLAIN, hidden, inter, False)):
+            blocks = gemv.config(N, K)
+            programs, constants = gemv.kernel_constants(
+                kind, 1, N, K, blocks, has_bias=False, has_residual=kind == gemv.NORMED,
+                swiglu=swiglu, sm_count=H200_SMS)
+            out.append(Case(f"gemv {name}, {model}, {N}x{K}, 1 row", gemv._gemv_kernel,
+                            GEMV_TYPES, constants | {"PDL": True},
+                            "{}x{} w{} ".format(*blocks[:3]) + f"{programs} programs"))
     return out
 
 

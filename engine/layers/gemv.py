@@ -32,7 +32,7 @@ All round where the unfused layers round, so results match them to bf16 rounding
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -309,6 +309,22 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def kernel_constants(input: int, M: int, N: int, K: int, blocks: Blocks, *, has_bias: bool,
+                     has_residual: bool, swiglu: bool, sm_count: int) -> tuple[int, dict[str, Any]]:
+    """A launch's programs, and `_gemv_kernel`'s compile-time arguments and launch options for it
+    (PDL's apart: pdl.launch_kwargs). `bench resources` compiles the kernel with these too."""
+    block_n, block_k, warps, stream, per_sm = blocks
+    if swiglu:  # a block holds (gate, up) pairs of rows
+        block_n = max(block_n, 2)
+    blocks_n = -(-(N // 2) // (block_n // 2)) if swiglu else -(-N // block_n)
+    programs = min(blocks_n, per_sm * sm_count) if per_sm else blocks_n
+    return programs, {
+        "M": M, "MP": 1 << (M - 1).bit_length(), "BLOCK_N": block_n, "BLOCK_K": block_k,
+        "HAS_BIAS": has_bias, "INPUT": input, "HAS_RES": has_residual, "STREAM": stream,
+        "WALK": programs < blocks_n,  # else each program has one block: the straight-line code
+        "ONE_SLAB": block_k >= K, "SWIGLU": swiglu, "num_warps": warps}
+
+
 def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             blocks: Blocks | None, residual: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -321,19 +337,12 @@ def _launch(input: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     r_out = None
     if input == NORMED:
         r_out = torch.empty(M, K, dtype=x.dtype, device=x.device) if residual is not None else x
-    block_n, block_k, warps, stream, per_sm = blocks or config(N, K)
-    if swiglu:  # a block holds (gate, up) pairs of rows
-        block_n = max(block_n, 2)
-    blocks_n = triton.cdiv(N // 2, block_n // 2) if swiglu else triton.cdiv(N, block_n)
-    programs = min(blocks_n, per_sm * _sm_count(x.device)) if per_sm else blocks_n
+    programs, constants = kernel_constants(
+        input, M, N, K, blocks or config(N, K), has_bias=bias is not None,
+        has_residual=residual is not None, swiglu=swiglu, sm_count=_sm_count(x.device))
     _gemv_kernel[(programs,)](
         x, weight, bias if bias is not None else weight, out,
         residual if residual is not None else x,
         r_out if r_out is not None else out, norm_weight if norm_weight is not None else weight,
-        eps, N, K, x.stride(0), out.stride(0), M=M, MP=triton.next_power_of_2(M), BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        HAS_BIAS=bias is not None, INPUT=input, HAS_RES=residual is not None, STREAM=stream,
-        WALK=programs < blocks_n,  # else each program has one block: the straight-line code
-        ONE_SLAB=block_k >= K, SWIGLU=swiglu,
-        num_warps=warps, **pdl.launch_kwargs())
+        eps, N, K, x.stride(0), out.stride(0), **constants, **pdl.launch_kwargs())
     return out, r_out
