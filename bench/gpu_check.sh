@@ -173,9 +173,10 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
 }
 
 # Mixed steps' prefill attention inside the piecewise graphs (piece_prefill_keys, off: 0): its GPU
-# tests, its kernel in six launch shapes against FlashInfer's (bench kernels --parts paged_prefill), mixed steps
-# profiled each way; piece-prefill-serving: the 0.6B served at PIECE_PREFILL_RATE (default 74.2
-# req/s, 75 % of a measured maximum) each way in turn, twice (PIECE_PREFILL_KEYS: 4096).
+# tests, its kernel in six launch shapes against FlashInfer's (bench kernels --parts
+# paged_prefill), mixed steps profiled each way; piece-prefill-serving: the 0.6B served at
+# PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of a measured maximum) each way in turn, twice
+# (PIECE_PREFILL_KEYS: 4096).
 piece_prefill() {
   local keys=${PIECE_PREFILL_KEYS:-4096} k
   stage "piece-prefill tests" 300 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
