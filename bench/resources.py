@@ -1,5 +1,5 @@
-"""`radixserve bench resources`: what the Triton kernels of a step take of an SM, compiled for a GPU
-without one.
+"""`radixserve bench resources`: what the attention kernels and the GEMV of a step take of an SM,
+compiled for a GPU without one.
 
 Triton compiles a kernel for a named target with no device present: to PTX, then through the
 ptxas its wheel carries to a cubin, whose resource use cuobjdump (also in the wheel) reads. So a

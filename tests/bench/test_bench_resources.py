@@ -1,4 +1,4 @@
-"""`bench resources`: the step's Triton kernels compiled for an H200 on a machine without a GPU.
+"""`bench resources`: the attention kernels and the GEMV compiled for an H200 without a GPU.
 
 Triton's interpreter runs the kernels' arithmetic on a CPU (test_paged_prefill.py,
 test_small_decode_interpreted.py) but not their compilation: an operand shape the tensor cores do
@@ -25,7 +25,7 @@ needs_tools = pytest.mark.skipif(not _have_cuda_tools(),
 
 
 @needs_tools
-def test_the_steps_kernels_compile_for_an_h200_within_its_registers() -> None:
+def test_the_attention_and_gemv_kernels_compile_for_an_h200_within_its_registers() -> None:
     cases = resources.cases(["qwen3-0.6b", "qwen3-8b"])
     # per model: the paged prefill kernel, the small decode kernel at 1, 32 and 256 rows, and the
     # GEMV of the four weights of a layer at one row
