@@ -26,7 +26,7 @@ BENCHMARKS = {
     "pressure": "admission policies under a constrained KV pool",
     "profile": "where a step's time goes, host phase by phase",
     "kernels": "GPU kernel micro-benchmarks and ceilings",
-    "resources": "registers, local and shared memory of attention and GEMV kernels, no GPU needed",
+    "resources": "registers, local and shared memory of the Triton kernels, compiled without a GPU",
     "copies": "host time of a decode step's small copies: torch's host allocator or own buffers",
     "control": "tensor-parallel control plane per step: plan build, send, receive (CPU)",
     "suite": "the GPU figures of one model in one process",

@@ -1,5 +1,5 @@
-"""`radixserve bench resources`: what the attention kernels and the GEMV of a step take of an SM,
-compiled for a GPU without one.
+"""`radixserve bench resources`: what the Triton kernels of a step take of an SM, compiled for a GPU
+without one.
 
 Triton compiles a kernel for a named target with no device present: to PTX, then through the
 ptxas its wheel carries to a cubin, whose resource use cuobjdump (also in the wheel) reads. So a
@@ -15,9 +15,11 @@ kernel change can be checked on a machine without a GPU for what decides much of
 - shared memory a program, and the instructions in the code.
 
 Each kernel is compiled with the engine's own compile-time arguments and launch options (its
-module's `kernel_constants`) for the models named, with PDL on (as on an H200): the paged prefill
-kernel of the piecewise graphs, the small decode kernel at graphs of 1, 32 and 256 rows (its two
-launch shapes), and the GEMV of a layer's four weights at one row. `--sweep` also compiles the
+module's `kernel_constants`, or the function beside the launch) for the models named, with PDL on
+(as on an H200): the paged prefill kernel of the piecewise graphs, the small decode kernel at
+graphs of 1, 32 and 256 rows (its two launch shapes), the GEMV of a layer's four weights at one
+row, and the step's other kernels (norms, q/k norm + rotary + KV store, SiLU-mul, the plain KV
+store, the seeded draw and its pick). `--sweep` also compiles the
 launch shapes `bench kernels` times on a GPU. Nothing here is timed: a kernel without local memory
 can still be slow, and only the GPU's own timing says which of two shapes is faster.
 """
@@ -126,6 +128,20 @@ PREFILL_TYPES = _ATTENTION_TYPES | {"work_ptr": "*i64"}
 GEMV_TYPES = {name: "*bf16" for name in ("x_ptr", "w_ptr", "b_ptr", "out_ptr", "r_ptr",
                                           "r_out_ptr", "nw_ptr")} | {"eps": "fp32"}
 H200_SMS = 132  # as many as an H100 SXM has
+_BF16 = "*bf16"
+NORM_TYPES = {"x_ptr": _BF16, "r_ptr": _BF16, "w_ptr": _BF16, "out_ptr": _BF16, "eps": "fp32"}
+ROPE_TYPES = {name: _BF16 for name in ("qkv_ptr", "cos_ptr", "sin_ptr", "qw_ptr", "kw_ptr",
+                                       "q_out", "k_out", "v_out")} | {
+    "pos_ptr": "*i64", "loc_ptr": "*i64", "eps": "fp32"}
+SILU_MUL_TYPES = {"x_ptr": _BF16, "out_ptr": _BF16}
+STORE_TYPES = {"k_ptr": _BF16, "v_ptr": _BF16, "k_cache_ptr": _BF16, "v_cache_ptr": _BF16,
+               "loc_ptr": "*i64"}
+# the draw: logits in the model's dtype, the seeds' words and steps int64, greedy flags int8
+RACE_TYPES = {"logits_ptr": _BF16, "temp_ptr": "*fp32", "key_ptr": "*i64", "lo_ptr": "*i64",
+              "hi_ptr": "*i64", "step_ptr": "*i64", "greedy_ptr": "*i8", "best_ptr": "*fp32",
+              "best_idx_ptr": "*i32"}
+PICK_TYPES = {"best_ptr": "*fp32", "best_idx_ptr": "*i32", "out_ptr": "*i64", "pool_ptr": "*i64",
+              "slots_ptr": "*i64", "pos_ptr": "*i64"}
 DECODE_TYPES = _ATTENTION_TYPES | {"rows_ptr": "*i64", "work_ptr": "*i64", "po_ptr": "*fp32",
                                    "plse_ptr": "*fp32", "arrivals_ptr": "*i32"}
 
@@ -139,11 +155,14 @@ class Case(NamedTuple):
 
 
 def cases(models: list[str], sweep: bool = False) -> list[Case]:
-    """The attention kernels as the engine launches them for each model's heads, and the GEMV at
-    one row for each weight of a layer, in the form the layers take at one row."""
+    """The attention kernels as the engine launches them for each model's heads, the GEMV at one
+    row for each weight of a layer, in the form the layers take at one row, and the other kernels
+    of a step: the norms, q/k norm + rotary + KV store, SiLU-mul, the plain KV store, the draw."""
     from radixserve.bench.kernels import PAGED_PREFILL_SHAPES, WIDE_DECODE_SHAPES
     from radixserve.engine.attention import paged_prefill, small_decode
-    from radixserve.engine.layers import gemv
+    from radixserve.engine.kvcache import store_kernel
+    from radixserve.engine.layers import fused, gemv
+    from radixserve.engine.sampling import race
 
     out = []
     for model in models:
@@ -184,6 +203,25 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
             out.append(Case(f"gemv {name}, {model}, {N}x{K}, 1 row", gemv._gemv_kernel,
                             GEMV_TYPES, constants | {"PDL": True},
                             "{}x{} w{} ".format(*blocks[:3]) + f"{programs} programs"))
+        vocab, pdl_on = cfg["vocab_size"], {"PDL": True}
+        for kernel, fn, types, constants in (
+                ("rms norm", fused._rms_norm_kernel, NORM_TYPES,
+                 fused.norm_constants(hidden) | pdl_on),
+                ("add + rms norm", fused._add_rms_norm_kernel, NORM_TYPES,
+                 fused.norm_constants(hidden) | pdl_on),
+                ("q/k norm + rotary + KV store", fused._qk_norm_rope_kernel, ROPE_TYPES,
+                 fused.qk_norm_rope_constants(nh, nkv, hd, norm=True, store=True) | pdl_on),
+                ("silu mul", fused._silu_mul_kernel, SILU_MUL_TYPES,
+                 fused.silu_mul_constants(inter) | pdl_on),
+                ("KV store", store_kernel._store_kv_kernel, STORE_TYPES,
+                 store_kernel.kernel_constants(nkv * hd)),
+                ("draw, seeded", race._race_kernel, RACE_TYPES, race.race_constants(derive=True)),
+                ("draw's pick, into the pool", race._pick_kernel, PICK_TYPES,
+                 race.pick_constants(vocab, store=True))):
+            shape = " ".join(f"{k}={v}" for k, v in constants.items()
+                             if k not in ("PDL", "num_warps") and not isinstance(v, bool))
+            out.append(Case(f"{kernel}, {model}", fn, types, constants,
+                            f"{shape} w{constants['num_warps']}"))
     return out
 
 

@@ -41,6 +41,12 @@ if triton is not None:
             tl.store(v_cache_ptr + loc * ROW + cols, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+def kernel_constants(row: int) -> dict[str, int]:
+    """`_store_kv_kernel`'s compile-time arguments and launch options, for rows of `row` values
+    (`bench resources` compiles the kernel with these too)."""
+    return {"ROW": row, "BLOCK": min(1 << (row - 1).bit_length(), 4096), "num_warps": 4}
+
+
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k: torch.Tensor,
              v: torch.Tensor) -> None:
     """k_cache, v_cache: (locations, nkv, hd) contiguous; loc: (T,) int64; k, v: (T, nkv, hd) whose
@@ -50,6 +56,5 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k:
         return
     row = k_cache.size(1) * k_cache.size(2)
     assert packed(k) and packed(v), "k/v heads must be packed within a row"
-    block = min(triton.next_power_of_2(row), 4096)
-    _store_kv_kernel[(T,)](k, v, k_cache, v_cache, loc, k.stride(0), v.stride(0), ROW=row,
-                           BLOCK=block, num_warps=4)
+    _store_kv_kernel[(T,)](k, v, k_cache, v_cache, loc, k.stride(0), v.stride(0),
+                           **kernel_constants(row))

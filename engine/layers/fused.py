@@ -123,15 +123,38 @@ if triton is not None:
         tl.store(out_ptr + row * I + cols, (s * u).to(dt), mask=mask)
 
 
+# The kernels' compile-time arguments and launch options (PDL's apart: pdl.launch_kwargs), one
+# function each; `bench resources` compiles the kernels with these too.
+def norm_constants(D: int) -> dict[str, int]:
+    """`_rms_norm_kernel`'s and `_add_rms_norm_kernel`'s, for rows of D values."""
+    return {"D": D, "BLOCK": 1 << (D - 1).bit_length(), "num_warps": 4 if D <= 2048 else 8}
+
+
+def qk_norm_rope_constants(num_heads: int, num_kv_heads: int, head_dim: int, norm: bool,
+                           store: bool) -> dict[str, int]:
+    """`_qk_norm_rope_kernel`'s."""
+    heads = 1 << (num_heads + num_kv_heads - 1).bit_length()
+    return {"NH": num_heads, "NKV": num_kv_heads, "HALF": head_dim // 2, "HP": heads,
+            "VP": 1 << (num_kv_heads * head_dim - 1).bit_length(), "NORM": norm, "STORE": store,
+            "num_warps": 4 if heads * head_dim <= 4096 else 8}
+
+
+SILU_MUL_BLOCK = 1024  # features a program
+
+
+def silu_mul_constants(I: int) -> dict[str, int]:
+    """`_silu_mul_kernel`'s, for I features."""
+    return {"I": I, "BLOCK": SILU_MUL_BLOCK, "num_warps": 4}
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: (..., D) with the last dim packed; returns a contiguous (..., D)."""
     D = x.size(-1)
     rows = x.reshape(-1, D)  # a view when leading dims are uniform, else a copy
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.size(0):
-        _rms_norm_kernel[(rows.size(0),)](rows, weight, out, rows.stride(0), eps, D=D,
-                                          BLOCK=triton.next_power_of_2(D),
-                                          num_warps=4 if D <= 2048 else 8, **pdl.launch_kwargs())
+        _rms_norm_kernel[(rows.size(0),)](rows, weight, out, rows.stride(0), eps,
+                                          **norm_constants(D), **pdl.launch_kwargs())
     return out.view(x.shape)
 
 
@@ -143,8 +166,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     T, D = x.shape
     out = torch.empty(T, D, dtype=x.dtype, device=x.device)
     if T:
-        _add_rms_norm_kernel[(T,)](x, residual, weight, out, x.stride(0), eps, D=D,
-                                   BLOCK=triton.next_power_of_2(D), num_warps=4 if D <= 2048 else 8,
+        _add_rms_norm_kernel[(T,)](x, residual, weight, out, x.stride(0), eps, **norm_constants(D),
                                    **pdl.launch_kwargs())
     return out, residual
 
@@ -167,14 +189,11 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
         k_out, v_out, loc = kv_cache
     if T:
         norm = q_weight is not None and k_weight is not None
-        heads = triton.next_power_of_2(num_heads + num_kv_heads)
         _qk_norm_rope_kernel[(T,)](
             qkv, positions, cos, sin, q_weight if norm else qkv, k_weight if norm else qkv, q,
-            k_out, v_out, loc,
-            qkv.stride(0), eps, NH=num_heads, NKV=num_kv_heads, HALF=head_dim // 2, HP=heads,
-            VP=triton.next_power_of_2(num_kv_heads * head_dim), NORM=norm,
-            STORE=kv_cache is not None,
-            num_warps=4 if heads * head_dim <= 4096 else 8, **pdl.launch_kwargs())
+            k_out, v_out, loc, qkv.stride(0), eps,
+            **qk_norm_rope_constants(num_heads, num_kv_heads, head_dim, norm,
+                                     store=kv_cache is not None), **pdl.launch_kwargs())
     return q, (k_out if kv_cache is None else None)
 
 
@@ -188,7 +207,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     N, I = x.size(0), x.size(1) // 2
     out = torch.empty(N, I, dtype=x.dtype, device=x.device)
     if N:
-        block = 1024
-        _silu_mul_kernel[(N, triton.cdiv(I, block))](x, out, x.stride(0), I=I, BLOCK=block,
-                                                     num_warps=4, **pdl.launch_kwargs())
+        _silu_mul_kernel[(N, triton.cdiv(I, SILU_MUL_BLOCK))](
+            x, out, x.stride(0), **silu_mul_constants(I), **pdl.launch_kwargs())
     return out

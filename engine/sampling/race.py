@@ -179,6 +179,21 @@ def _parts(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
     return -(-blocks // per_part), per_part
 
 
+# The two kernels' compile-time arguments and launch options (`bench resources` compiles the
+# kernels with these too)
+def race_constants(derive: bool) -> dict[str, int]:
+    """`_race_kernel`'s: DERIVE, each row's key from its seed's words and step (seeded draws)."""
+    return {"BLOCK": _BLOCK, "DERIVE": derive, "num_warps": 8}
+
+
+def pick_constants(vocab: int, store: bool) -> dict[str, int]:
+    """`_pick_kernel`'s: one build per vocabulary size, whatever the parts (a new build mid-serve
+    would stall a step), and per STORE: the write into the pool rides in it, where an index_put
+    was a launch a step."""
+    return {"PARTS": 1 << (-(-vocab // _BLOCK) - 1).bit_length(), "STORE": store,
+            "num_warps": 1}
+
+
 def _launch(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
             key: torch.Tensor | None, seeds: RowSeeds | None,
             into: PoolWrite | None = None) -> torch.Tensor:
@@ -201,15 +216,12 @@ def _launch(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tenso
     flags = greedy.contiguous()
     flags = flags.view(torch.int8) if flags.dtype == torch.bool else flags.to(torch.int8)
     _race_kernel[(S, parts)](logits, logits.stride(0), temperature.reshape(S).contiguous(),
-                             *key_args, flags, best, best_idx, V,
-                             parts, blocks, BLOCK=_BLOCK, DERIVE=seeds is not None, num_warps=8)
-    # one build per vocabulary size, whatever the parts (a new build mid-serve would stall a step)
-    # and per STORE: the write into the pool rides in it, where an index_put was a launch a step
+                             *key_args, flags, best, best_idx, V, parts, blocks,
+                             **race_constants(derive=seeds is not None))
     pool = (into.pool, into.slots.contiguous(), into.positions.contiguous(), into.pool.stride(0)) \
         if into is not None else (out, out, out, 0)
     _pick_kernel[(S,)](best, best_idx, out, parts, *pool,
-                       PARTS=triton.next_power_of_2(-(-V // _BLOCK)), STORE=into is not None,
-                       num_warps=1)
+                       **pick_constants(V, store=into is not None))
     return out
 
 
