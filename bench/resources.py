@@ -19,9 +19,9 @@ module's `kernel_constants`, or the function beside the launch) for the models n
 (as on an H200): the paged prefill kernel of the piecewise graphs, the small decode kernel at
 graphs of 1, 32 and 256 rows (its two launch shapes), the GEMV of a layer's four weights at one
 row, and the step's other kernels (norms, q/k norm + rotary + KV store, SiLU-mul, the plain KV
-store, the seeded draw and its pick). `--sweep` also compiles the
-launch shapes `bench kernels` times on a GPU. Nothing here is timed: a kernel without local memory
-can still be slow, and only the GPU's own timing says which of two shapes is faster.
+store, the seeded draw and its pick). `--sweep` also compiles the launch shapes `bench kernels`
+times on a GPU. Nothing here is timed: a kernel without local memory can still be slow, and only
+the GPU's own timing says which of two shapes is faster.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 from radixserve.bench.common import print_table, write_json
 from radixserve.bench.models import CONFIGS
 
+H200_SMS = 132  # SMs an H200 has (an H100 SXM as many): the GEMV's programs depend on them
 # Per SM of compute capability 9.0 (H100, H200)
 SM_REGISTERS = 65536
 SM_SHARED = 228 * 1024
@@ -121,29 +122,29 @@ def compile_kernel(fn: Any, types: dict[str, str], constants: dict[str, Any],
                     warps=constants["num_warps"])
 
 
-# The kernels' pointer and float arguments (every other run-time argument is an i32)
-_ATTENTION_TYPES = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16",
-                    "table_ptr": "*i64", "sm_scale": "fp32"}
-PREFILL_TYPES = _ATTENTION_TYPES | {"work_ptr": "*i64"}
-GEMV_TYPES = {name: "*bf16" for name in ("x_ptr", "w_ptr", "b_ptr", "out_ptr", "r_ptr",
-                                          "r_out_ptr", "nw_ptr")} | {"eps": "fp32"}
-H200_SMS = 132  # as many as an H100 SXM has
-_BF16 = "*bf16"
+# The kernels' pointer and float arguments (every other run-time argument is an i32): bf16 model
+# tensors, int64 indices, fp32 scratch and scales
+_BF16, _I64, _F32 = "*bf16", "*i64", "*fp32"
+_ATTENTION_TYPES = {"q_ptr": _BF16, "k_ptr": _BF16, "v_ptr": _BF16, "out_ptr": _BF16,
+                    "table_ptr": _I64, "sm_scale": "fp32"}
+PREFILL_TYPES = _ATTENTION_TYPES | {"work_ptr": _I64}
+DECODE_TYPES = _ATTENTION_TYPES | {"rows_ptr": _I64, "work_ptr": _I64, "po_ptr": _F32,
+                                   "plse_ptr": _F32, "arrivals_ptr": "*i32"}
+GEMV_TYPES = {name: _BF16 for name in ("x_ptr", "w_ptr", "b_ptr", "out_ptr", "r_ptr",
+                                        "r_out_ptr", "nw_ptr")} | {"eps": "fp32"}
 NORM_TYPES = {"x_ptr": _BF16, "r_ptr": _BF16, "w_ptr": _BF16, "out_ptr": _BF16, "eps": "fp32"}
 ROPE_TYPES = {name: _BF16 for name in ("qkv_ptr", "cos_ptr", "sin_ptr", "qw_ptr", "kw_ptr",
                                        "q_out", "k_out", "v_out")} | {
-    "pos_ptr": "*i64", "loc_ptr": "*i64", "eps": "fp32"}
+    "pos_ptr": _I64, "loc_ptr": _I64, "eps": "fp32"}
 SILU_MUL_TYPES = {"x_ptr": _BF16, "out_ptr": _BF16}
 STORE_TYPES = {"k_ptr": _BF16, "v_ptr": _BF16, "k_cache_ptr": _BF16, "v_cache_ptr": _BF16,
-               "loc_ptr": "*i64"}
-# the draw: logits in the model's dtype, the seeds' words and steps int64, greedy flags int8
-RACE_TYPES = {"logits_ptr": _BF16, "temp_ptr": "*fp32", "key_ptr": "*i64", "lo_ptr": "*i64",
-              "hi_ptr": "*i64", "step_ptr": "*i64", "greedy_ptr": "*i8", "best_ptr": "*fp32",
+               "loc_ptr": _I64}
+# the draw: the seeds' words and steps int64, greedy flags int8, each part's best fp32 and int32
+RACE_TYPES = {"logits_ptr": _BF16, "temp_ptr": _F32, "key_ptr": _I64, "lo_ptr": _I64,
+              "hi_ptr": _I64, "step_ptr": _I64, "greedy_ptr": "*i8", "best_ptr": _F32,
               "best_idx_ptr": "*i32"}
-PICK_TYPES = {"best_ptr": "*fp32", "best_idx_ptr": "*i32", "out_ptr": "*i64", "pool_ptr": "*i64",
-              "slots_ptr": "*i64", "pos_ptr": "*i64"}
-DECODE_TYPES = _ATTENTION_TYPES | {"rows_ptr": "*i64", "work_ptr": "*i64", "po_ptr": "*fp32",
-                                   "plse_ptr": "*fp32", "arrivals_ptr": "*i32"}
+PICK_TYPES = {"best_ptr": _F32, "best_idx_ptr": "*i32", "out_ptr": _I64, "pool_ptr": _I64,
+              "slots_ptr": _I64, "pos_ptr": _I64}
 
 
 class Case(NamedTuple):
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="radixserve bench resources", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="qwen3-0.6b,qwen3-8b",
-                    help="comma-separated names from bench/models.py: their attention heads")
+                    help="comma-separated names from bench/models.py: their shapes")
     ap.add_argument("--arch", type=int, default=90,
                     help="CUDA compute capability x 10 to compile for (90: H100, H200)")
     ap.add_argument("--sweep", action="store_true",
