@@ -177,6 +177,11 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
 # paged_prefill), mixed steps profiled each way; piece-prefill-serving: the 0.6B served at
 # PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of a measured maximum) each way in turn, twice
 # (PIECE_PREFILL_KEYS: 4096).
+# mixed_profile LABEL FIELD=VALUE JSON: 0.6B steps of 128 and 256 decode rows beside a prompt
+mixed_profile() {
+  stage "$1" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b --batches 128,256 \
+    --mixed 128,512 --steps 60 --host --temperature 0.6 --engine "$2" --json "$3"
+}
 piece_prefill() {
   local keys=${PIECE_PREFILL_KEYS:-4096} k
   stage "piece-prefill tests" 300 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
@@ -184,9 +189,8 @@ piece_prefill() {
   stage "piece-prefill kernels" 300 python3 -m radixserve.bench.kernels --parts paged_prefill \
     --out "$OUT/results.jsonl"
   for k in "$keys" 0; do
-    stage "piece-prefill profile keys=$k" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
-      --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \
-      --engine piece_prefill_keys=$k --json "$OUT/piece-prefill-profile-$k.json"
+    mixed_profile "piece-prefill profile keys=$k" "piece_prefill_keys=$k" \
+      "$OUT/piece-prefill-profile-$k.json"
   done
 }
 piece_prefill_serving() {
@@ -276,9 +280,8 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
     piece-prefill) piece_prefill ;;
     piece-prefill-serving) piece_prefill_serving ;;
     mixed) for split in true false; do
-             stage "mixed split=$split" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b \
-               --batches 128,256 --mixed 128,512 --steps 60 --host --temperature 0.6 \
-               --engine split_mixed_attention=$split --json "$OUT/mixed-split-$split.json"
+             mixed_profile "mixed split=$split" "split_mixed_attention=$split" \
+               "$OUT/mixed-split-$split.json"
            done ;;
     dp-shared) dp_shared ;;
     serving-8b) serving qwen3-8b ;;

@@ -105,14 +105,14 @@ def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int,
     """`_prefill_kernel`'s compile-time arguments and launch options (PDL's apart:
     pdl.launch_kwargs). `bench resources` compiles the kernel with these too."""
     group = num_heads // num_kv_heads
-    return {"GROUP": group, "GROUP_P": 1 << (group - 1).bit_length(), "HD": head_dim,
+    return {"GROUP": group, "GROUP_P": triton.next_power_of_2(group), "HD": head_dim,
             "BLOCK_M": block_rows(num_heads, num_kv_heads), "BLOCK_N": shape.block_n,
             "num_warps": shape.warps, "num_stages": shape.stages}
 
 
 def block_rows(num_heads: int, num_kv_heads: int) -> int:
     """block_m: a tile's tokens, so that tokens x the padded group of query heads is TILE_ROWS."""
-    group = 1 << (num_heads // num_kv_heads - 1).bit_length()
+    group = triton.next_power_of_2(num_heads // num_kv_heads)
     assert group <= TILE_ROWS, f"groups of {group} query heads a KV head"
     return TILE_ROWS // group
 
@@ -150,7 +150,7 @@ class PagedPrefill:
                  page_table: torch.Tensor, max_keys: int,
                  shape: PrefillShape = DEFAULT_SHAPE) -> None:
         assert num_heads % num_kv_heads == 0 and head_dim & (head_dim - 1) == 0
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.num_kv_heads = num_kv_heads
         self.sm_scale, self.page_table, self.max_keys = sm_scale, page_table, max_keys
         self.block_m = block_rows(num_heads, num_kv_heads)
         self._constants = kernel_constants(num_heads, num_kv_heads, head_dim, shape)

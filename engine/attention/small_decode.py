@@ -238,7 +238,7 @@ def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int, shape: La
     group = num_heads // num_kv_heads
     # the dot products' rows: the group padded to the 16 rows an MMA operand has at least
     return {"NH": num_heads, "NKV": num_kv_heads, "GROUP": group,
-            "GROUP_P": max(16, 1 << (group - 1).bit_length()), "HD": head_dim,
+            "GROUP_P": max(16, triton.next_power_of_2(group)), "HD": head_dim,
             "BLOCK_N": shape.block_n, "SPLITS": splits, "SPARE": shape.spare,
             "CHUNK": MERGE_CHUNK, "num_warps": shape.warps, "num_stages": shape.stages}
 

@@ -44,7 +44,7 @@ if triton is not None:
 def kernel_constants(row: int) -> dict[str, int]:
     """`_store_kv_kernel`'s compile-time arguments and launch options, for rows of `row` values
     (`bench resources` compiles the kernel with these too)."""
-    return {"ROW": row, "BLOCK": min(1 << (row - 1).bit_length(), 4096), "num_warps": 4}
+    return {"ROW": row, "BLOCK": min(triton.next_power_of_2(row), 4096), "num_warps": 4}
 
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k: torch.Tensor,

@@ -127,15 +127,15 @@ if triton is not None:
 # function each; `bench resources` compiles the kernels with these too.
 def norm_constants(D: int) -> dict[str, int]:
     """`_rms_norm_kernel`'s and `_add_rms_norm_kernel`'s, for rows of D values."""
-    return {"D": D, "BLOCK": 1 << (D - 1).bit_length(), "num_warps": 4 if D <= 2048 else 8}
+    return {"D": D, "BLOCK": triton.next_power_of_2(D), "num_warps": 4 if D <= 2048 else 8}
 
 
 def qk_norm_rope_constants(num_heads: int, num_kv_heads: int, head_dim: int, norm: bool,
                            store: bool) -> dict[str, int]:
     """`_qk_norm_rope_kernel`'s."""
-    heads = 1 << (num_heads + num_kv_heads - 1).bit_length()
+    heads = triton.next_power_of_2(num_heads + num_kv_heads)
     return {"NH": num_heads, "NKV": num_kv_heads, "HALF": head_dim // 2, "HP": heads,
-            "VP": 1 << (num_kv_heads * head_dim - 1).bit_length(), "NORM": norm, "STORE": store,
+            "VP": triton.next_power_of_2(num_kv_heads * head_dim), "NORM": norm, "STORE": store,
             "num_warps": 4 if heads * head_dim <= 4096 else 8}
 
 

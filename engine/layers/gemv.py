@@ -316,10 +316,10 @@ def kernel_constants(input: int, M: int, N: int, K: int, blocks: Blocks, *, has_
     block_n, block_k, warps, stream, per_sm = blocks
     if swiglu:  # a block holds (gate, up) pairs of rows
         block_n = max(block_n, 2)
-    blocks_n = -(-(N // 2) // (block_n // 2)) if swiglu else -(-N // block_n)
+    blocks_n = triton.cdiv(N // 2, block_n // 2) if swiglu else triton.cdiv(N, block_n)
     programs = min(blocks_n, per_sm * sm_count) if per_sm else blocks_n
     return programs, {
-        "M": M, "MP": 1 << (M - 1).bit_length(), "BLOCK_N": block_n, "BLOCK_K": block_k,
+        "M": M, "MP": triton.next_power_of_2(M), "BLOCK_N": block_n, "BLOCK_K": block_k,
         "HAS_BIAS": has_bias, "INPUT": input, "HAS_RES": has_residual, "STREAM": stream,
         "WALK": programs < blocks_n,  # else each program has one block: the straight-line code
         "ONE_SLAB": block_k >= K, "SWIGLU": swiglu, "num_warps": warps}

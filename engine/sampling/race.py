@@ -190,7 +190,7 @@ def pick_constants(vocab: int, store: bool) -> dict[str, int]:
     """`_pick_kernel`'s: one build per vocabulary size, whatever the parts (a new build mid-serve
     would stall a step), and per STORE: the write into the pool rides in it, where an index_put
     was a launch a step."""
-    return {"PARTS": 1 << (-(-vocab // _BLOCK) - 1).bit_length(), "STORE": store,
+    return {"PARTS": triton.next_power_of_2(triton.cdiv(vocab, _BLOCK)), "STORE": store,
             "num_warps": 1}
 
 
