@@ -18,7 +18,7 @@
 #                                        serving, serving-8b, fa,
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl, piece-prefill,
-#                                        piece-prefill-serving
+#                                        piece-prefill-serving, piece-prefill-kernels
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
 #   spy:SECONDS: py-spy (its wheel in .whl) samples the next scheduler process to start, from outside
 #   and without slowing it, for SECONDS, into $OUT/spy-scheduler.txt; read it with the stage
@@ -175,19 +175,23 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
 # Mixed steps' prefill attention inside the piecewise graphs (piece_prefill_keys, off: 0): its GPU
 # tests, its kernel in six launch shapes against FlashInfer's (bench kernels --parts
 # paged_prefill), mixed steps profiled each way; piece-prefill-serving: the 0.6B served at
-# PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of a measured maximum) each way in turn, twice
-# (PIECE_PREFILL_KEYS: 4096).
+# PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of a measured maximum) each way in turn,
+# PIECE_PREFILL_ROUNDS times (default 2; PIECE_PREFILL_KEYS: 4096); piece-prefill-kernels: the
+# kernel part alone.
 # mixed_profile LABEL FIELD=VALUE JSON: 0.6B steps of 128 and 256 decode rows beside a prompt
 mixed_profile() {
   stage "$1" 200 python3 -m radixserve.bench.profile --model qwen3-0.6b --batches 128,256 \
     --mixed 128,512 --steps 60 --host --temperature 0.6 --engine "$2" --json "$3"
 }
+piece_prefill_kernels() {
+  stage "piece-prefill kernels" 300 python3 -m radixserve.bench.kernels --parts paged_prefill \
+    --out "$OUT/results.jsonl"
+}
 piece_prefill() {
   local keys=${PIECE_PREFILL_KEYS:-4096} k
   stage "piece-prefill tests" 300 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
     -k "paged_prefill or (prefill and inside)" "${GPU_TESTS[@]}"
-  stage "piece-prefill kernels" 300 python3 -m radixserve.bench.kernels --parts paged_prefill \
-    --out "$OUT/results.jsonl"
+  piece_prefill_kernels
   for k in "$keys" 0; do
     mixed_profile "piece-prefill profile keys=$k" "piece_prefill_keys=$k" \
       "$OUT/piece-prefill-profile-$k.json"
@@ -196,7 +200,7 @@ piece_prefill() {
 piece_prefill_serving() {
   local keys=${PIECE_PREFILL_KEYS:-4096} k
   save_model qwen3-0.6b
-  for k in "$keys" 0 "$keys" 0; do
+  for k in $(for _ in $(seq "${PIECE_PREFILL_ROUNDS:-2}"); do echo "$keys" 0; done); do
     stage "piece-prefill serving keys=$k" 300 python3 -m radixserve.bench.serving --launch \
       --model /tmp/models/qwen3-0.6b --num-prompts 1536 --input-len 512 --output-len 512 \
       --temperature 0.6 --concurrency 256 --request-rate "${PIECE_PREFILL_RATE:-74.2}" \
@@ -279,6 +283,7 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
          done ;;
     piece-prefill) piece_prefill ;;
     piece-prefill-serving) piece_prefill_serving ;;
+    piece-prefill-kernels) piece_prefill_kernels ;;
     mixed) for split in true false; do
              mixed_profile "mixed split=$split" "split_mixed_attention=$split" \
                "$OUT/mixed-split-$split.json"
