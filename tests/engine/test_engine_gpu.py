@@ -41,8 +41,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "flashinfer pieces, no small decode": {"attention_backend": "flashinfer",
                                            "max_prefill_tokens": 48, "small_decode_rows": 0},
     # the prefill rows of mixed steps attended inside the pieces too: one graph replay a step
+    # (no short prompts as decode-graph rows, which would take every mixed step of this test)
     "flashinfer pieces, prefill inside": {"attention_backend": "flashinfer",
-                                          "max_prefill_tokens": 48, "piece_prefill_keys": 4096},
+                                          "max_prefill_tokens": 48, "piece_prefill_keys": 4096,
+                                          "graph_prefill_keys": 0},
     "flashinfer page1 chunked": {"attention_backend": "flashinfer", "page_size": 1,
                                  "max_prefill_tokens": 48},
     # chunks of 48 beside the decode rows replayed by the decode graphs, a row per new token
