@@ -459,7 +459,7 @@ def _event_ms(fn: Any, calls: int = 20) -> float:
 # streams carry them: a short prompt, one and two of 512 tokens, and 512-token chunks deep into a
 # long prompt (the paged kernel walks such a context unsplit)
 PAGED_PREFILL_STEPS = [[(0, 128)], [(0, 512)], [(0, 512), (0, 512)], [(1536, 512)], [(3584, 512)]]
-# (keys per iteration, warps, stages); the first is the kernel's default
+# (keys per iteration, warps, stages), the kernel's default (DEFAULT_SHAPE) among them
 PAGED_PREFILL_SHAPES = [(64, 4, 2), (64, 4, 3), (32, 4, 2), (64, 8, 2), (32, 8, 2), (128, 8, 2)]
 
 
@@ -470,10 +470,12 @@ def paged_prefill() -> list[dict[str, Any]]:
     PAGED_PREFILL_SHAPES (`paged_K_wW_sS_ms`; `paged_ms` the default's), and the largest relative
     difference of the outputs from FlashInfer's over the shapes."""
     from radixserve.engine.attention import StepLayout, create_backend
-    from radixserve.engine.attention.paged_prefill import PagedPrefill, PrefillShape
+    from radixserve.engine.attention.paged_prefill import DEFAULT_SHAPE, PagedPrefill, PrefillShape
     from radixserve.engine.kvcache.pool import KVCachePool
 
     dev, hd, P, bf16 = torch.device("cuda"), 128, 16, torch.bfloat16
+    shapes = [PrefillShape(*t) for t in PAGED_PREFILL_SHAPES]
+    assert DEFAULT_SHAPE in shapes, "paged_ms times the default launch shape"
     rows = []
     for model, nh, nkv in PREFILL_SHAPES:
         fi = create_backend("flashinfer", nh, nkv, hd, dev, bf16)  # one per shape: every step
@@ -497,13 +499,13 @@ def paged_prefill() -> list[dict[str, Any]]:
                                    "flashinfer_ms": _event_ms(lambda: fi.attend(q, 0, meta, pool,
                                                                                 ref)),
                                    "rel_diff": 0.0}
-            for i, shape in enumerate(PrefillShape(*t) for t in PAGED_PREFILL_SHAPES):
+            for shape in shapes:
                 paged = PagedPrefill(nh, nkv, hd, hd ** -0.5, table, max(seq), shape)
                 assert paged.plan(T, 0, layout)
                 call, (k, v) = paged.bind(T), pool.pages[0]
                 ms = _event_ms(lambda: call(q, k, v, out))  # noqa: B023 (timed right here)
                 row["paged_{}_w{}_s{}_ms".format(*shape)] = ms
-                if i == 0:
+                if shape == DEFAULT_SHAPE:
                     row["paged_ms"] = ms
                 row["rel_diff"] = max(row["rel_diff"], float(
                     (out.float() - ref.float()).norm() / ref.float().norm()))

@@ -165,18 +165,20 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
     from radixserve.engine.layers import fused, gemv
     from radixserve.engine.sampling import race
 
-    out = []
+    out, pdl_on = [], {"PDL": True}  # as on an H200
     for model in models:
         cfg = CONFIGS[model]
         nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
         hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
         heads = f"{model} {nh}/{nkv}x{hd}"
-        prefill = [paged_prefill.DEFAULT_SHAPE] + (
-            [paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES[1:]] if sweep else [])
+        prefill = [paged_prefill.DEFAULT_SHAPE]
+        if sweep:
+            prefill += [paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES
+                        if paged_prefill.PrefillShape(*t) != paged_prefill.DEFAULT_SHAPE]
         for shape in prefill:
             out.append(Case(f"paged prefill, {heads}", paged_prefill._prefill_kernel,
                             PREFILL_TYPES,
-                            paged_prefill.kernel_constants(nh, nkv, hd, shape) | {"PDL": True},
+                            paged_prefill.kernel_constants(nh, nkv, hd, shape) | pdl_on,
                             "{}k w{} s{}".format(*shape)))
         decode = [(rows, small_decode.shape_for(rows)) for rows in (1, 32, 256)]
         if sweep:
@@ -186,7 +188,7 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
             splits = 1 if shape.spare else small_decode.splits_for(rows, nkv, shape.programs)
             constants = small_decode.kernel_constants(nh, nkv, hd, shape, splits)
             out.append(Case(f"small decode, {heads}, {rows} rows", small_decode._decode_kernel,
-                            DECODE_TYPES, constants | {"PDL": True},
+                            DECODE_TYPES, constants | pdl_on,
                             f"{shape.block_n}k w{shape.warps} s{shape.stages} splits {splits}"
                             + (f" spare {shape.spare} l{shape.long_tiles} s{shape.share_tiles}"
                                if shape.spare else "")))
@@ -202,9 +204,9 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
                 kind, 1, N, K, blocks, has_bias=False, has_residual=kind == gemv.NORMED,
                 swiglu=swiglu, sm_count=H200_SMS)
             out.append(Case(f"gemv {name}, {model}, {N}x{K}, 1 row", gemv._gemv_kernel,
-                            GEMV_TYPES, constants | {"PDL": True},
+                            GEMV_TYPES, constants | pdl_on,
                             "{}x{} w{} ".format(*blocks[:3]) + f"{programs} programs"))
-        vocab, pdl_on = cfg["vocab_size"], {"PDL": True}
+        vocab = cfg["vocab_size"]
         for kernel, fn, types, constants in (
                 ("rms norm", fused._rms_norm_kernel, NORM_TYPES,
                  fused.norm_constants(hidden) | pdl_on),
