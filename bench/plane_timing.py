@@ -25,6 +25,7 @@ STEP_SECONDS = "radixserve_engine_step_seconds"  # engine/step_times.py, by kind
 HOST_SECONDS = "radixserve_engine_host_seconds"  # engine/step_times.py, by phase
 THREAD_CPU = "radixserve_engine_thread_cpu_seconds_total"  # services/scheduler/metrics.py
 GC_PAUSES = "radixserve_gc_pause_seconds"  # services/common/gc_pauses.py, by generation
+FORWARDS = "radixserve_engine_forwards_total"  # services/scheduler/metrics.py, by path
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
         "detokenized_ms": "radixserve_step_detokenized_delay_seconds",
         "arrival_ms": "radixserve_step_arrival_delay_seconds",
@@ -62,6 +63,11 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
         out[f"{role}_gc"] = {
             "ms_per_s": sum(g["total_ms"] for g in gens) / max(1, processes) / duration_s,
             "p99_ms": [g["p99"] for g in gens], "count": [g["count"] for g in gens]}
+    # how the engine's forwards ran (graphs of which kind, or eagerly), over every replica
+    paths = sorted({dict(labels)["path"] for e in after.endpoints for name, labels in e
+                    if name == FORWARDS})
+    out["forwards"] = {p: after.total(FORWARDS, labels) - before.total(FORWARDS, labels)
+                       for p in paths for labels in [(("path", p),)]}
     # the prefill a step that decodes took at the level's end (mixed_step_ratio), each replica's
     out["prefill_cap"] = [e.get((PREFILL_CAP, ()), 0.0) for e in schedulers]
     return out
@@ -120,6 +126,26 @@ def format_host(results: list[LevelResult]) -> str:
         use = f"{r.plane.get('engine_busy_cores', 0):.2f}/{r.plane.get('engine_cpu_cores', 0):.2f}"
         rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} "
                     + " ".join(f"{c:>25}" for c in cells) + f" {use:>10}")
+    return "\n".join(rows)
+
+
+def format_forwards(results: list[LevelResult]) -> str:
+    """Each level's engine forwards by how they ran (plane_timing's forwards). Empty when none."""
+    paths = sorted({p for r in results for p in r.plane.get("forwards", {})})
+    if not paths:
+        return ""
+    head = f"{'conc':>5} {'rate':>6} " + " ".join(f"{p:>20}" for p in paths)
+    rows = ["the engine's forwards per level by how they ran, count (share): decode_graph (every "
+            "row one token in the decode graphs), whole_graph (the piecewise graphs, every row "
+            "attended inside), pieces (attention between the pieces), eager", head, "-" * len(head)]
+    for r in results:
+        counts = r.plane.get("forwards")
+        if not counts:
+            continue
+        total = sum(counts.values()) or 1
+        cells = [f"{counts.get(p, 0):.0f} ({counts.get(p, 0) / total:.2f})" for p in paths]
+        rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} "
+                    + " ".join(f"{c:>20}" for c in cells))
     return "\n".join(rows)
 
 

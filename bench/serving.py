@@ -46,7 +46,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from radixserve.bench.load import LoadPool, Shape, one_request, open_channels
-from radixserve.bench.plane_timing import format_host, format_plane, plane_timing
+from radixserve.bench.plane_timing import (
+    format_forwards,
+    format_host,
+    format_plane,
+    plane_timing,
+)
 from radixserve.bench.process import (
     add_stack_args,
     cpu_seconds,
@@ -292,7 +297,8 @@ def format_report(results: list[LevelResult]) -> str:
     """The table, each service's CPU (a --launch'ed stack), the plane's timing (metrics read),
     then each level's replicas when the server reports any."""
     parts = [format_table(results)]
-    for table in (format_cores(results), format_plane(results), format_host(results)):
+    for table in (format_cores(results), format_plane(results), format_host(results),
+                  format_forwards(results)):
         if table:
             parts.append(f"\n{table}")
     for r in results:

@@ -341,6 +341,7 @@ class EngineCore:
             # host time ModelRunner spent filling structured-output token masks, and its steps
             "grammar_mask_us_total": int(self.runner.grammar_mask_s * 1e6),
             "grammar_mask_steps_total": self.runner.grammar_mask_steps,
+            "forward_paths": dict(self.runner.forward_paths),  # model_runner.FORWARD_PATHS
             "step_seconds": self.step_times.snapshot(),  # engine/step_times.py
             "host_seconds": self.host_times.snapshot(),
         }

@@ -118,6 +118,12 @@ class ForwardOutput:
         return self.ready is None or self.ready.query()
 
 
+# How a step's forward ran (ModelRunner.forward_paths): replayed as decode-graph rows, as the
+# piecewise graphs' one graph with every row attended inside (piece_prefill_keys), as the pieces
+# with attention calls between them, or eagerly.
+FORWARD_PATHS = ("decode_graph", "whole_graph", "pieces", "eager")
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, args: ModelArgs, device: torch.device,
                  dtype: torch.dtype, eos_ids: tuple[int, ...]) -> None:
@@ -144,6 +150,7 @@ class ModelRunner:
         # host sides of the step's one upload and of its sampled ids' copy back (host_buffers.py)
         self.upload_buffers, self.output_buffers = HostBuffers(cuda), HostBuffers(cuda)
         self.grammar_mask_s, self.grammar_mask_steps = 0.0, 0  # host time filling masks, summed
+        self.forward_paths = dict.fromkeys(FORWARD_PATHS, 0)  # steps run each way, summed
         graph_sizes = self._graph_sizes()
         piece_buckets = self._piece_buckets()
         # TP ranks must agree on the pool size (free memory differs per GPU): take the smallest.
@@ -243,6 +250,7 @@ class ModelRunner:
         graph_layout = self._graph_layout(batch, slot_list, cols)
         if graph_layout is not None:
             assert self.graphs is not None
+            self.forward_paths["decode_graph"] += 1
             logits = self.graphs.replay(graph_layout)  # (T, V): every row one new token
             if sampling is None:
                 return self._no_samples()
@@ -260,8 +268,11 @@ class ModelRunner:
             layout = StepLayout(cols.slots, batch.prefix_lens, batch.seq_lens, out_loc,
                                 table.page_table, self.config.page_size, slot_list)
             if self.pieces is not None and self.pieces.can_run(T):
-                hidden = self.pieces.run(input_ids, pos_d, out_loc, self.pieces.prepare(layout))
+                plan = self.pieces.prepare(layout)
+                self.forward_paths["whole_graph" if plan.whole else "pieces"] += 1
+                hidden = self.pieces.run(input_ids, pos_d, out_loc, plan)
             else:
+                self.forward_paths["eager"] += 1
                 meta = self.backend.prepare(layout)
                 with forward_context(ForwardContext(self.backend, meta, self.kv_pool)):
                     hidden = self.model(input_ids, pos_d)

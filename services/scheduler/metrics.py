@@ -47,6 +47,14 @@ class EngineStatsCollector(Collector):
             "radixserve_engine_steps", "Engine steps run by the scheduler loop",
             s.get("engine_steps_total", 0),
         )
+        paths = CounterMetricFamily(
+            "radixserve_engine_forwards",
+            "Engine forwards by how they ran: decode_graph (every row one token in the decode "
+            "graphs), whole_graph (the piecewise graphs with every row attended inside), pieces "
+            "(attention between the pieces), eager", labels=["path"])
+        for path, count in s.get("forward_paths", {}).items():
+            paths.add_metric([path], count)
+        yield paths
         yield GaugeMetricFamily(
             "radixserve_engine_steps_at_last_free",
             "Engine steps run when an abort last freed a request (what bench abort counts from)",

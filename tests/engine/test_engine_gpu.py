@@ -132,19 +132,9 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     params = SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS, ignore_eos=True,
                             top_logprobs=TOP)
     runner = llm.core.runner
-    whole = 0  # steps that replayed a bucket's one graph (prefill rows attended inside)
-    if runner.pieces is not None:
-        prepare = runner.pieces.prepare
-
-        def counted(layout):
-            nonlocal whole
-            plan = prepare(layout)
-            whole += plan.whole
-            return plan
-
-        runner.pieces.prepare = counted
     outs = llm.generate(prompts, params)
     llm.core.check_integrity()
+    whole = runner.forward_paths["whole_graph"]  # steps with prefill rows attended inside
     assert (whole > 0) == (config.get("piece_prefill_keys", 0) > 0), whole
     backend = runner.backend.name
     graphs = runner.graphs is not None

@@ -191,3 +191,7 @@ def test_prefill_rows_in_the_pieces_give_the_eager_engines_tokens(path, make_llm
     assert whole > 0 and refused > 0
     assert backend.prefill_calls == whole * core.args.num_layers
     assert backend.calls == sum(plan.rows > 0 for _, plan in plans) * core.args.num_layers
+    # the engine's own count of how its forwards ran (radixserve_engine_forwards_total)
+    paths = core.stats()["forward_paths"]
+    assert paths["whole_graph"] == whole and paths["pieces"] == len(plans) - whole, paths
+    assert paths["decode_graph"] == 0  # no decode graphs on a CPU

@@ -267,6 +267,11 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     host = plane["host_ms"]
     assert decoded <= host["launch"]["count"] <= steps + 1 and host["wait"]["count"] >= decoded
     assert "launch mean/p50/p99" in plane_timing.format_host([timed])
+    # every forward of the level, counted by how it ran: eagerly, on a CPU
+    forwards = plane["forwards"]
+    assert set(forwards) == {"decode_graph", "whole_graph", "pieces", "eager"}, forwards
+    assert decoded <= forwards["eager"] == sum(forwards.values()), forwards
+    assert "whole_graph" in plane_timing.format_forwards([timed])
     # the engine thread's CPU time (at most one core) beside its wall time outside the wait
     assert 0 < plane["engine_cpu_cores"] <= 1.0 and plane["engine_busy_cores"] > 0, plane
     # the garbage collector's pauses, read from the scheduler and the gateway apart (a level

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -299,6 +300,7 @@ def test_scheduler_exports_retractions_and_step_costs(stack: Stack) -> None:
     import urllib.request
 
     assert stack.metrics_port is not None
+    assert collect(stack.stub, request("Hello", max_new_tokens=2)).code == OK  # a forward ran
     url = f"http://127.0.0.1:{stack.metrics_port + 1}/metrics"
     with urllib.request.urlopen(url, timeout=5) as reply:
         text = reply.read().decode()
@@ -309,4 +311,8 @@ def test_scheduler_exports_retractions_and_step_costs(stack: Stack) -> None:
     assert "radixserve_mixed_prefill_cap 0.0" in text
     assert "radixserve_long_prompt_chunk 0.0" in text
     assert "# TYPE radixserve_engine_step_seconds histogram" in text
+    # every forward so far ran eagerly (no graphs on a CPU), and was counted so
+    assert 'radixserve_engine_forwards_total{path="decode_graph"} 0.0' in text
+    eager = re.search(r'radixserve_engine_forwards_total\{path="eager"\} (\S+)', text)
+    assert eager and float(eager.group(1)) > 0, text
     assert 'radixserve_gc_pause_seconds_count{generation="2"}' in text
