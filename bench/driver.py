@@ -57,7 +57,8 @@ def add_engine_argument(ap: argparse.ArgumentParser) -> None:
 
 
 def apply_engine_argument(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    try:
+    try:  # this invocation's own: none left from an earlier one in the process
+        ENGINE_OVERRIDES.clear()
         ENGINE_OVERRIDES.update(parse_engine_overrides(args.engine))
     except ValueError as e:
         ap.error(str(e))

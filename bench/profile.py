@@ -216,6 +216,7 @@ def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int, tra
                   host: bool = False, temperature: float = 0.0,
                   arrival: int = 0, stagger: bool = False) -> dict[str, Any]:
     _fill(core, batch, prompt_len, steps + trace, temperature, stagger)
+    before = dict(core.runner.forward_paths)
     if host:
         with _PartTimers(core) as parts:
             times = _timed_steps(core, steps, parts, arrival)
@@ -223,6 +224,9 @@ def profile_batch(core: EngineCore, batch: int, prompt_len: int, steps: int, tra
         times = _timed_steps(core, steps, arrival=arrival)
     row: dict[str, Any] = {"batch": batch, "arrival": arrival}
     row.update({f"{k}_ms": 1e3 * median(v) for k, v in times.items()})
+    # how the timed steps' forwards ran (model_runner.FORWARD_PATHS): which graphs a mixed step took
+    row["forwards"] = " ".join(f"{p}:{n - before[p]}" for p, n in core.runner.forward_paths.items()
+                               if n > before[p])
     if trace:
         row["kernels_ms"] = _trace(core, trace, top=25)
     _drain(core)

@@ -99,6 +99,7 @@ def test_profile_mixed_steps_each_carry_one_new_prompt(tmp_path):
     assert row["batch"] == 3 and row["arrival"] == 24
     # _fill's own steps come first; every timed step holds the 3 decode rows and the new prompt.
     assert tokens_per_step[-6:] == [3 + 24] * 6
+    assert row["forwards"] == "eager:6"  # each counted by how it ran: eagerly, on a CPU
     assert not core.has_work()
     core.check_integrity()
 
