@@ -11,6 +11,7 @@ hop on the way to the client (HOPS). bench/serving.py's module doc says what eac
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from radixserve.bench.prometheus import ENGINE_STEPS, Reading, observed_ms
@@ -110,23 +111,22 @@ def format_host(results: list[LevelResult]) -> str:
     """Each level's engine-thread phases (plane_timing's host_ms). Empty when none were read."""
     if not any(r.plane.get("host_ms") for r in results):
         return ""
-    head = f"{'conc':>5} {'rate':>6} " + " ".join(f"{p + ' mean/p50/p99':>25}"
-                                                  for p in HOST_PHASES) + f" {'busy/cpu':>10}"
-    rows = ["the engine thread per step call and level, ms (engine/step_times.py: loop between "
-            "two calls, schedule, launch, the commands after it, wait for the device, process "
-            "the outputs; quantiles within buckets 2^(1/3) apart); busy/cpu: the thread's wall "
-            "time outside the device wait and its CPU time, in cores (the difference: waiting "
-            "for the interpreter)", head, "-" * len(head)]
-    for r in results:
+
+    def cells(r: LevelResult) -> list[str] | None:
         phases = r.plane.get("host_ms")
         if not phases:
-            continue
-        cells = ["/".join(f"{phases[p][q]:.2f}" for q in ("mean", "p50", "p99"))
-                 if phases[p]["count"] > 0 else "-" for p in HOST_PHASES]
+            return None
         use = f"{r.plane.get('engine_busy_cores', 0):.2f}/{r.plane.get('engine_cpu_cores', 0):.2f}"
-        rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} "
-                    + " ".join(f"{c:>25}" for c in cells) + f" {use:>10}")
-    return "\n".join(rows)
+        return ["/".join(f"{phases[p][q]:.2f}" for q in ("mean", "p50", "p99"))
+                if phases[p]["count"] > 0 else "-" for p in HOST_PHASES] + [use]
+
+    return _level_table(
+        results, "the engine thread per step call and level, ms (engine/step_times.py: loop "
+        "between two calls, schedule, launch, the commands after it, wait for the device, process "
+        "the outputs; quantiles within buckets 2^(1/3) apart); busy/cpu: the thread's wall time "
+        "outside the device wait and its CPU time, in cores (the difference: waiting for the "
+        "interpreter)", [(f"{p} mean/p50/p99", 25) for p in HOST_PHASES] + [("busy/cpu", 10)],
+        cells)
 
 
 def format_forwards(results: list[LevelResult]) -> str:
@@ -134,18 +134,32 @@ def format_forwards(results: list[LevelResult]) -> str:
     paths = sorted({p for r in results for p in r.plane.get("forwards", {})})
     if not paths:
         return ""
-    head = f"{'conc':>5} {'rate':>6} " + " ".join(f"{p:>20}" for p in paths)
-    rows = ["the engine's forwards per level by how they ran, count (share): decode_graph (every "
-            "row one token in the decode graphs), whole_graph (the piecewise graphs, every row "
-            "attended inside), pieces (attention between the pieces), eager", head, "-" * len(head)]
-    for r in results:
+
+    def cells(r: LevelResult) -> list[str] | None:
         counts = r.plane.get("forwards")
         if not counts:
-            continue
+            return None
         total = sum(counts.values()) or 1
-        cells = [f"{counts.get(p, 0):.0f} ({counts.get(p, 0) / total:.2f})" for p in paths]
-        rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} "
-                    + " ".join(f"{c:>20}" for c in cells))
+        return [f"{counts.get(p, 0):.0f} ({counts.get(p, 0) / total:.2f})" for p in paths]
+
+    return _level_table(
+        results, "the engine's forwards per level by how they ran, count (share): decode_graph "
+        "(every row one token in the decode graphs), whole_graph (the piecewise graphs, every row "
+        "attended inside), pieces (attention between the pieces), eager",
+        [(p, 20) for p in paths], cells)
+
+
+def _level_table(results: list[LevelResult], title: str, columns: list[tuple[str, int]],
+                 cells: Callable[[LevelResult], list[str] | None]) -> str:
+    """A table of a row per level (conc, rate, then `columns` as (name, width)) under `title`;
+    `cells` gives a level's cells, None to leave it out."""
+    head = f"{'conc':>5} {'rate':>6} " + " ".join(f"{name:>{width}}" for name, width in columns)
+    rows = [title, head, "-" * len(head)]
+    for r in results:
+        got = cells(r)
+        if got is not None:
+            rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} "
+                        + " ".join(f"{c:>{w}}" for c, (_, w) in zip(got, columns)))
     return "\n".join(rows)
 
 
