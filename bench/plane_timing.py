@@ -67,8 +67,10 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     # how the engine's forwards ran (graphs of which kind, or eagerly), over every replica
     paths = sorted({dict(labels)["path"] for e in after.endpoints for name, labels in e
                     if name == FORWARDS})
-    out["forwards"] = {p: after.total(FORWARDS, labels) - before.total(FORWARDS, labels)
-                       for p in paths for labels in [(("path", p),)]}
+    out["forwards"] = forwards = {}
+    for p in paths:
+        labels = (("path", p),)
+        forwards[p] = after.total(FORWARDS, labels) - before.total(FORWARDS, labels)
     # the prefill a step that decodes took at the level's end (mixed_step_ratio), each replica's
     out["prefill_cap"] = [e.get((PREFILL_CAP, ()), 0.0) for e in schedulers]
     return out

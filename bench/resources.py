@@ -174,7 +174,7 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
         prefill = [paged_prefill.DEFAULT_SHAPE]
         if sweep:
             prefill += [paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES
-                        if paged_prefill.PrefillShape(*t) != paged_prefill.DEFAULT_SHAPE]
+                        if t != paged_prefill.DEFAULT_SHAPE]  # a NamedTuple: equal as a tuple
         for shape in prefill:
             out.append(Case(f"paged prefill, {heads}", paged_prefill._prefill_kernel,
                             PREFILL_TYPES,
