@@ -11,10 +11,13 @@ import pytest
 import torch
 from radixserve.engine.attention.base import StepLayout
 from radixserve.engine.attention.paged_prefill import (
+    DEFAULT_SHAPE,
+    MAX_PARTS,
     SPARE_TILES,
     PagedPrefill,
+    PrefillShape,
     block_rows,
-    tiles_for,
+    programs_for,
     work_list,
 )
 from triton_interpreter import cpu_only, run_interpreted
@@ -22,13 +25,17 @@ from triton_interpreter import cpu_only, run_interpreted
 _CHECK = """
 import torch
 from radixserve.engine.attention.base import StepLayout
-from radixserve.engine.attention.paged_prefill import PagedPrefill
+from radixserve.engine.attention.paged_prefill import PagedPrefill, PrefillShape
+
+# the default; short shares (many parts a tile, and shares that end where a tile's tokens begin);
+# no tile split
+SHAPES = [PrefillShape(), PrefillShape(block_n=16, spare=8, share_blocks=1), PrefillShape(spare=0)]
 
 
 def check(device, dtype, HD, tol):
     torch.manual_seed(0)
     P, PAGES, WIDTH, BUCKET, D = 16, 200, 512, 176, 5
-    for NH, NKV in ((4, 2), (8, 2), (6, 2)):
+    for (NH, NKV), shape in zip(((4, 2), (8, 2), (6, 2), (4, 2), (8, 2)), SHAPES + SHAPES):
         k_pages = torch.randn(PAGES, P, NKV, HD, device=device, dtype=dtype)
         v_pages = torch.randn(PAGES, P, NKV, HD, device=device, dtype=dtype)
         table = torch.zeros(6, WIDTH, dtype=torch.int64)
@@ -37,7 +44,7 @@ def check(device, dtype, HD, tol):
             pages = order[(slot * 30) % PAGES:][: WIDTH // P].repeat(2)[: WIDTH // P]
             table[slot] = (pages[:, None] * P + torch.arange(P)).reshape(-1)[:WIDTH]
         table = table.to(device)
-        paged = PagedPrefill(NH, NKV, HD, HD ** -0.5, table, max_keys=400)
+        paged = PagedPrefill(NH, NKV, HD, HD ** -0.5, table, max_keys=400, shape=shape)
         # from position 0 (three tiles of 32, the last partial), after a prefix (one token past a
         # tile boundary, and a short chunk), and a chunk of one token
         prefix, seq, slots = [0, 37, 100, 7], [70, 40, 165, 8], [3, 1, 5, 0]
@@ -61,10 +68,12 @@ def check(device, dtype, HD, tol):
                 scores = torch.einsum("hd,nhd->hn", qd[row], k) * HD ** -0.5
                 ref = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
                 err = ((got[row] - ref).norm() / ref.norm()).item()
-                assert err < tol, (NH, NKV, slot, pos, err)
+                assert err < tol, (NH, NKV, shape, slot, pos, err)
                 row += 1
         # the decode rows before and the padding after are the graph's other calls' to write
         assert got[:D].isnan().all() and got[row:].isnan().all()
+        # a split tile's last share put its count back for the next layer
+        assert not paged._arrivals.any()
     print("paged prefill matches")
 """
 
@@ -76,17 +85,66 @@ def _layout(prefix: list[int], seq: list[int], slots: list[int]) -> StepLayout:
 
 def test_tiles_cover_each_requests_new_tokens_in_order():
     layout = _layout([0, 37, 7], [70, 40, 8], [3, 1, 0])
-    rows, counts, slots, starts = work_list(5, layout, 32)
+    rows, counts, slots, starts, first, end, part, share, used = work_list(5, layout, 32)
     assert counts == [32, 32, 6, 3, 1]
     assert rows == [5, 37, 69, 75, 78]  # back to back from the first prefill row
     assert slots == [3, 3, 3, 1, 0]
     assert starts == [0, 32, 64, 37, 7]
+    # without programs to share them out, each tile walks its keys whole
+    assert first == [0] * 5 and end == [32, 64, 70, 40, 8] and used == [1] * 5
+
+
+def _walks(columns: list[list[int]]) -> dict[tuple[int, int], list[tuple[int, int, int, int]]]:
+    """Each tile's items, by its (first row, tokens): (first key, key end, part, share)."""
+    walks: dict = {}
+    for row, n, _, _, k0, k1, part, s, _ in zip(*columns):
+        walks.setdefault((row, n), []).append((k0, k1, part, s))
+    return walks
+
+
+@pytest.mark.parametrize("prefix, seq", [([0], [512]), ([0, 0], [512, 512]), ([3584], [4096]),
+                                         ([100, 0, 2000], [612, 40, 2100]), ([0] * 8, [64] * 8)])
+def test_long_walks_split_into_shares_of_about_the_average_walk(prefix, seq):
+    layout = _layout(prefix, seq, list(range(len(seq))))
+    tokens = sum(s - p for p, s in zip(prefix, seq))
+    programs = programs_for(tokens, 32)
+    columns = work_list(0, layout, 32, programs)
+    whole = work_list(0, layout, 32)
+    assert len(columns[0]) <= programs
+    walks, parts = _walks(columns), set()
+    for row, n, _, pos0, _, end, *_ in zip(*whole):
+        shares = walks.pop((row, n))
+        # the shares cover the tile's keys once, in order, each from a key every token sees
+        assert [s for *_, s in shares] == list(range(len(shares)))
+        assert shares[0][0] == 0 and shares[-1][1] == end
+        assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+        assert all(k0 <= pos0 for k0, *_ in shares)
+        if len(shares) > 1:  # consecutive parts of its own
+            first = shares[0][2]
+            assert all(part == first for _, _, part, _ in shares)
+            assert not parts & set(range(first, first + len(shares)))
+            parts |= set(range(first, first + len(shares)))
+    assert not walks and len(parts) <= MAX_PARTS
+    longest = max(k1 - k0 for _, _, _, _, k0, k1, *_ in zip(*columns))
+    average = -(-sum(end for end in whole[5]) // programs)
+    # the longest walk is about the average, in whole blocks, and short of the unsplit one's
+    block = DEFAULT_SHAPE.block_n
+    if max(whole[5]) > 2 * block:
+        assert longest < max(whole[5])
+        assert longest <= max(-(-average // block) * block * 2, 2 * block + 32)
+
+
+def test_no_split_where_the_shape_has_no_spare_programs():
+    layout = _layout([0], [512], [0])
+    columns = work_list(0, layout, 32, 80, PrefillShape(spare=0))
+    assert columns[8] == [1] * 16 and columns[4] == [0] * 16
 
 
 def test_tile_rows_fill_one_operand_whatever_the_group():
     assert [block_rows(nh, 2) for nh in (2, 4, 6, 8, 16)] == [64, 32, 16, 16, 8]
-    # a request's partial last tile is one of the spare ones past a tile per block_m rows
-    assert tiles_for(176, 32) == 6 + SPARE_TILES
+    # a request's partial last tile is one of the spare ones past a tile per block_m rows, and
+    # the shares of long walks take the shape's spare programs
+    assert programs_for(176, 32) == 6 + SPARE_TILES + DEFAULT_SHAPE.spare
 
 
 def test_plan_refuses_long_contexts_and_more_tiles_than_the_grid():
@@ -94,10 +152,10 @@ def test_plan_refuses_long_contexts_and_more_tiles_than_the_grid():
     paged = PagedPrefill(4, 2, 64, 0.125, table, max_keys=64)
     assert paged.plan(64, 1, _layout([0], [64], [0]))
     assert not paged.plan(64, 1, _layout([10], [65], [0]))  # 65 keys
-    # 40 one-token chunks: 40 tiles against the grid's 2 + 16
-    many = _layout(list(range(40)), list(range(1, 41)), list(range(40)))
-    assert tiles_for(64, paged.block_m) < 40 and not paged.plan(64, 0, many)
-    assert paged.plan(64, 0, _layout([0] * 18, [1] * 18, list(range(18))))  # 18 tiles fit
+    # 60 one-token chunks: 60 tiles against the grid's 2 + 16 + 32
+    many = _layout(list(range(60)), list(range(1, 61)), list(range(60)))
+    assert programs_for(64, paged.block_m) < 60 and not paged.plan(64, 0, many)
+    assert paged.plan(64, 0, _layout([0] * 50, [1] * 50, list(range(50))))  # 50 tiles fit
 
 
 @cpu_only
