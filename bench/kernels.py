@@ -472,8 +472,8 @@ def _event_ms(fn: Any, calls: int = 20, device_only: bool = False) -> float:
 PAGED_PREFILL_STEPS = [[(0, 128)], [(0, 512)], [(0, 512), (0, 512)], [(1536, 512)], [(3584, 512)]]
 # (keys per iteration, warps, stages, spare programs, a share's least iterations), the kernel's
 # default (DEFAULT_SHAPE) among them; spare 0: every tile walks its keys whole
-PAGED_PREFILL_SHAPES = [(64, 4, 2, 32, 2), (64, 4, 2, 0, 2), (64, 4, 2, 64, 2),
-                        (64, 4, 2, 32, 1), (32, 4, 2, 32, 2), (64, 8, 2, 32, 2), (64, 4, 3, 32, 2)]
+PAGED_PREFILL_SHAPES = [(64, 4, 2, 32, 2), (64, 4, 2, 0, 2), (64, 4, 2, 64, 2), (64, 4, 2, 32, 1),
+                        (64, 4, 2, 32, 4), (32, 4, 2, 32, 2), (64, 8, 2, 32, 2), (64, 4, 3, 32, 2)]
 
 
 def paged_prefill() -> list[dict[str, Any]]:
