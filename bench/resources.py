@@ -172,7 +172,7 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
         hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
         heads = f"{model} {nh}/{nkv}x{hd}"
         prefill = [paged_prefill.DEFAULT_SHAPE]
-        if sweep:  # those that compile differently: spare programs and shares are the plan's
+        if sweep:  # those that compile differently: programs and shares are the plan's
             prefill += [paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES
                         if t[:3] != paged_prefill.DEFAULT_SHAPE[:3]]
         for shape in prefill:

@@ -18,12 +18,14 @@ position 0 to its last token, in pages through the page table, masking the keys 
 (causal). Every key is in the pool: the piece before the call stored the step's own K/V.
 
 A tile's keys grow with its depth into the sequence: at a 512-token prompt the last tile walks all
-512 keys while the first walks 32, and the step lasts as long as its longest walk. So `plan` cuts
-the long walks into shares of about the average walk over the grid's programs (the spare ones
-past the tiles take the extra shares), each share writes its part with its log-sum-exp, and the
-last share of a tile to finish (an atomic count per tile and KV head) merges the parts into the
-output, as the decode kernel does (small_decode.py). One kernel a layer still. Share boundaries
-lie at or before the tile's first token, so every token sees at least one key of every share.
+512 keys while the first walks 32, and where the tiles are fewer than the GPU holds at once the
+step lasts as long as its longest walk. There `plan` cuts the long walks into shares of about the
+average walk over `programs` programs (the spare ones past the tiles take the extra shares), each
+share writes its part with its log-sum-exp, and the last share of a tile to finish (an atomic
+count per tile and KV head) merges the parts into the output, as the decode kernel does
+(small_decode.py). Where the tiles alone fill the GPU, splitting only adds the parts' traffic
+(swept on an H200, docs/benchmarks.md), so they walk whole. One kernel a layer still. Share
+boundaries lie at or before the tile's first token, so every token sees a key of every share.
 `plan` refuses steps whose requests attend to more than `max_keys` keys, and those run the
 attention between the pieces (FlashInfer) as before.
 
@@ -62,9 +64,11 @@ class PrefillShape(NamedTuple):
 
     block_n: int = 64  # keys per iteration
     warps: int = 4
-    stages: int = 2  # Triton's software pipelining of the key loop's loads
-    spare: int = 32  # programs past the tiles, for the shares of long walks (0: no tile split)
-    share_blocks: int = 2  # a share's keys: at least this many iterations
+    stages: int = 3  # Triton's software pipelining of the key loop's loads
+    # Programs over all KV heads that the shares of long walks aim at, where the tiles are fewer:
+    # about two resident per SM of an H200 (0: no tile split)
+    programs: int = 256
+    share_blocks: int = 4  # a share's keys: at least this many iterations
 
 
 DEFAULT_SHAPE = PrefillShape()
@@ -165,9 +169,11 @@ def block_rows(num_heads: int, num_kv_heads: int) -> int:
     return TILE_ROWS // group
 
 
-def programs_for(tokens: int, block_m: int, shape: PrefillShape = DEFAULT_SHAPE) -> int:
-    """The grid's programs per KV head for a bucket of `tokens` rows."""
-    return -(-tokens // block_m) + SPARE_TILES + shape.spare
+def programs_for(tokens: int, block_m: int, num_kv_heads: int,
+                 shape: PrefillShape = DEFAULT_SHAPE) -> int:
+    """The grid's programs per KV head for a bucket of `tokens` rows: a tile per `block_m` rows,
+    SPARE_TILES, and room for the shares `shape.programs` aims at."""
+    return -(-tokens // block_m) + SPARE_TILES + -(-shape.programs // num_kv_heads)
 
 
 def _shares(first: int, end: int, keys: int) -> int:
@@ -176,15 +182,18 @@ def _shares(first: int, end: int, keys: int) -> int:
     return min(-(-end // keys), first // keys + 1)
 
 
-def share_keys(tiles: list[tuple[int, int]], programs: int, shape: PrefillShape) -> int:
+def share_keys(tiles: list[tuple[int, int]], aim: int, shape: PrefillShape) -> int:
     """Keys a share walks at most (0: every tile whole) for tiles of (first position, key end),
-    so that every share has a program and the split tiles' parts fit MAX_PARTS: the tiles' blocks
-    of keys spread evenly over the programs, at least `share_blocks` blocks a share."""
+    where they are fewer than `aim` items (a KV head's share of `shape.programs`): the tiles'
+    blocks of keys spread evenly over `aim` items, at least `share_blocks` blocks a share, and
+    the split tiles' parts within MAX_PARTS."""
+    if not tiles or aim <= len(tiles):
+        return 0
     block = shape.block_n
     blocks = [-(-end // block) for _, end in tiles]
     longest = max(blocks)
-    per = max(shape.share_blocks, -(-sum(blocks) // programs))
-    if not shape.spare or per >= longest:
+    per = max(shape.share_blocks, -(-sum(blocks) // aim))
+    if per >= longest:
         return 0
 
     def fits(per: int) -> bool:
@@ -193,9 +202,9 @@ def share_keys(tiles: list[tuple[int, int]], programs: int, shape: PrefillShape)
             u = _shares(first, end, keys)
             items += u
             parts += u if u > 1 else 0
-        return items <= programs and parts <= MAX_PARTS
+        return items <= aim and parts <= MAX_PARTS
 
-    if not fits(per):  # rarely: fewer, longer shares, the fewest that fit (bisected)
+    if not fits(per):  # fewer, longer shares: the fewest that fit (bisected)
         lo, hi = per, longest  # fits(longest): every tile whole
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -204,18 +213,18 @@ def share_keys(tiles: list[tuple[int, int]], programs: int, shape: PrefillShape)
     return 0 if per >= longest else per * block
 
 
-def work_list(first_row: int, prefill: StepLayout, block_m: int, programs: int | None = None,
+def work_list(first_row: int, prefill: StepLayout, block_m: int, aim: int = 0,
               shape: PrefillShape = DEFAULT_SHAPE) -> list[list[int]]:
     """The items of a step's prefill rows (their layout; its first new token is row `first_row`
     of the bucket), the work list's columns (module docstring): tiles of `block_m` tokens, their
-    long walks split over `programs` (None: no tile split). On the engine thread every step that
-    plans it: plain loops and appends."""
+    long walks split where they are fewer than `aim` (0: no tile split; `share_keys`). On the
+    engine thread every step that plans it: plain loops and appends."""
     assert prefill.slot_list is not None, "the tiles need the slots on the host"
     spans = list(zip(prefill.slot_list, prefill.prefix_lens, prefill.seq_lens))
     keys = 0
-    if programs is not None:
+    if aim:
         tiles = [(t, min(t + block_m, s)) for _, p, s in spans for t in range(p, s, block_m)]
-        keys = share_keys(tiles, programs, shape) if tiles else 0
+        keys = share_keys(tiles, aim, shape)
     columns: list[list[int]] = [[] for _ in range(WORK_ROWS)]
     rows, counts, slots, starts, firsts, ends, parts, shares, useds = columns
     row = first_row
@@ -256,12 +265,13 @@ class PagedPrefill:
                  shape: PrefillShape = DEFAULT_SHAPE) -> None:
         assert num_heads % num_kv_heads == 0 and head_dim & (head_dim - 1) == 0
         self.num_kv_heads, self.shape = num_kv_heads, shape
+        self._aim = shape.programs // num_kv_heads  # items a KV head's shares aim at
         self.sm_scale, self.page_table, self.max_keys = sm_scale, page_table, max_keys
         self.block_m = block_rows(num_heads, num_kv_heads)
         self._constants = kernel_constants(num_heads, num_kv_heads, head_dim, shape)
         self._work: dict[int, torch.Tensor] = {}  # per bucket: (WORK_ROWS, programs_for(bucket))
         self._host = HostBuffers(page_table.device.type == "cuda")  # the plan's copy, one a step
-        dev, parts = page_table.device, MAX_PARTS * num_kv_heads * TILE_ROWS if shape.spare else 1
+        dev, parts = page_table.device, MAX_PARTS * num_kv_heads * TILE_ROWS if self._aim else 1
         self._parts_o = torch.empty(parts, head_dim, dtype=torch.float32, device=dev)
         self._parts_lse = torch.empty(parts, dtype=torch.float32, device=dev)
         # per (split tile, KV head): its shares that have written their parts; the last one
@@ -280,13 +290,14 @@ class PagedPrefill:
         work = self._work.get(tokens)
         if work is None:  # before its capture: every later plan writes into this one
             work = self._work[tokens] = torch.zeros(
-                WORK_ROWS, programs_for(tokens, self.block_m, self.shape), dtype=torch.int64,
+                WORK_ROWS, programs_for(tokens, self.block_m, self.num_kv_heads, self.shape),
+                dtype=torch.int64,
                 device=self.page_table.device)
         columns: list[list[int]] = [[] for _ in range(WORK_ROWS)]
         if prefill is not None:
             if max(prefill.seq_lens) > self.max_keys:
                 return False
-            columns = work_list(first_row, prefill, self.block_m, work.size(1), self.shape)
+            columns = work_list(first_row, prefill, self.block_m, self._aim, self.shape)
             if len(columns[0]) > work.size(1):
                 return False
         host = self._host.pack_rows(columns, work.size(1), (0,) * WORK_ROWS)

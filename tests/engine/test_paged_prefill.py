@@ -27,15 +27,17 @@ import torch
 from radixserve.engine.attention.base import StepLayout
 from radixserve.engine.attention.paged_prefill import PagedPrefill, PrefillShape
 
-# the default; short shares (many parts a tile, and shares that end where a tile's tokens begin);
-# no tile split
-SHAPES = [PrefillShape(), PrefillShape(block_n=16, spare=8, share_blocks=1), PrefillShape(spare=0)]
+# short shares (many parts a tile, and shares that end where a tile's tokens begin) with each
+# group; the default (these tiles' walks too short to split); no tile split
+DEEP = PrefillShape(block_n=16, programs=64, share_blocks=1)
+CASES = [((4, 2), DEEP), ((8, 2), DEEP), ((6, 2), DEEP), ((4, 2), PrefillShape()),
+         ((6, 2), PrefillShape(programs=0))]
 
 
 def check(device, dtype, HD, tol):
     torch.manual_seed(0)
     P, PAGES, WIDTH, BUCKET, D = 16, 200, 512, 176, 5
-    for (NH, NKV), shape in zip(((4, 2), (8, 2), (6, 2), (4, 2), (8, 2)), SHAPES + SHAPES):
+    for (NH, NKV), shape in CASES:
         k_pages = torch.randn(PAGES, P, NKV, HD, device=device, dtype=dtype)
         v_pages = torch.randn(PAGES, P, NKV, HD, device=device, dtype=dtype)
         table = torch.zeros(6, WIDTH, dtype=torch.int64)
@@ -102,15 +104,16 @@ def _walks(columns: list[list[int]]) -> dict[tuple[int, int], list[tuple[int, in
     return walks
 
 
-@pytest.mark.parametrize("prefix, seq", [([0], [512]), ([0, 0], [512, 512]), ([3584], [4096]),
-                                         ([100, 0, 2000], [612, 40, 2100]), ([0] * 8, [64] * 8)])
-def test_long_walks_split_into_shares_of_about_the_average_walk(prefix, seq):
+AIM = DEFAULT_SHAPE.programs // 8  # Qwen3-0.6B's 8 KV heads
+
+
+@pytest.mark.parametrize("prefix, seq", [([0], [512]), ([1536], [2048]), ([3584], [4096]),
+                                         ([100, 0], [612, 40]), ([0] * 8, [64] * 8)])
+def test_long_walks_split_where_the_tiles_are_fewer_than_the_aim(prefix, seq):
     layout = _layout(prefix, seq, list(range(len(seq))))
-    tokens = sum(s - p for p, s in zip(prefix, seq))
-    programs = programs_for(tokens, 32)
-    columns = work_list(0, layout, 32, programs)
+    columns = work_list(0, layout, 32, AIM)
     whole = work_list(0, layout, 32)
-    assert len(columns[0]) <= programs
+    assert len(whole[0]) < AIM and len(columns[0]) <= AIM
     walks, parts = _walks(columns), set()
     for row, n, _, pos0, _, end, *_ in zip(*whole):
         shares = walks.pop((row, n))
@@ -125,18 +128,22 @@ def test_long_walks_split_into_shares_of_about_the_average_walk(prefix, seq):
             assert not parts & set(range(first, first + len(shares)))
             parts |= set(range(first, first + len(shares)))
     assert not walks and len(parts) <= MAX_PARTS
-    longest = max(k1 - k0 for _, _, _, _, k0, k1, *_ in zip(*columns))
-    average = -(-sum(end for end in whole[5]) // programs)
-    # the longest walk is about the average, in whole blocks, and short of the unsplit one's
-    block = DEFAULT_SHAPE.block_n
-    if max(whole[5]) > 2 * block:
-        assert longest < max(whole[5])
-        assert longest <= max(-(-average // block) * block * 2, 2 * block + 32)
+    longest = max(k1 - k0 for k0, k1 in zip(columns[4], columns[5]))
+    least = DEFAULT_SHAPE.share_blocks * DEFAULT_SHAPE.block_n
+    if max(whole[5]) > least + 32:  # shares shorter than the longest whole walk, not too short
+        assert least <= longest < max(whole[5])
+        assert longest <= max(least, 2 * sum(whole[5]) // AIM) + 32
+    else:
+        assert columns == whole
 
 
-def test_no_split_where_the_shape_has_no_spare_programs():
-    layout = _layout([0], [512], [0])
-    columns = work_list(0, layout, 32, 80, PrefillShape(spare=0))
+def test_tiles_that_fill_the_aim_walk_whole():
+    layout = _layout([0, 0], [512, 512], [0, 1])  # 32 tiles: as many as 0.6B's aim
+    assert work_list(0, layout, 32, AIM) == work_list(0, layout, 32)
+    # a shape that aims at no programs splits nothing
+    table = torch.zeros(1, 512, dtype=torch.int64)
+    assert PagedPrefill(16, 8, 128, 0.1, table, 512, PrefillShape(programs=0))._aim == 0
+    columns = work_list(0, _layout([0], [512], [0]), 32, 0)
     assert columns[8] == [1] * 16 and columns[4] == [0] * 16
 
 
@@ -144,7 +151,7 @@ def test_tile_rows_fill_one_operand_whatever_the_group():
     assert [block_rows(nh, 2) for nh in (2, 4, 6, 8, 16)] == [64, 32, 16, 16, 8]
     # a request's partial last tile is one of the spare ones past a tile per block_m rows, and
     # the shares of long walks take the shape's spare programs
-    assert programs_for(176, 32) == 6 + SPARE_TILES + DEFAULT_SHAPE.spare
+    assert programs_for(176, 32, 8) == 6 + SPARE_TILES + DEFAULT_SHAPE.programs // 8
 
 
 def test_plan_refuses_long_contexts_and_more_tiles_than_the_grid():
@@ -152,10 +159,11 @@ def test_plan_refuses_long_contexts_and_more_tiles_than_the_grid():
     paged = PagedPrefill(4, 2, 64, 0.125, table, max_keys=64)
     assert paged.plan(64, 1, _layout([0], [64], [0]))
     assert not paged.plan(64, 1, _layout([10], [65], [0]))  # 65 keys
-    # 60 one-token chunks: 60 tiles against the grid's 2 + 16 + 32
-    many = _layout(list(range(60)), list(range(1, 61)), list(range(60)))
-    assert programs_for(64, paged.block_m) < 60 and not paged.plan(64, 0, many)
-    assert paged.plan(64, 0, _layout([0] * 50, [1] * 50, list(range(50))))  # 50 tiles fit
+    # one-token chunks: more tiles than the grid's 2 + 16 + 128
+    grid = programs_for(64, paged.block_m, 2)
+    many = _layout(list(range(grid + 1)), list(range(1, grid + 2)), list(range(grid + 1)))
+    assert not paged.plan(64, 0, many)
+    assert paged.plan(64, 0, _layout([0] * grid, [1] * grid, list(range(grid))))  # as many fit
 
 
 @cpu_only
