@@ -173,8 +173,8 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
         heads = f"{model} {nh}/{nkv}x{hd}"
         prefill = [paged_prefill.DEFAULT_SHAPE]
         if sweep:  # those that compile differently: programs and shares are the plan's
-            prefill += [paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES
-                        if t[:3] != paged_prefill.DEFAULT_SHAPE[:3]]
+            compiled = {t[:3]: paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES}
+            prefill += [sh for k, sh in compiled.items() if k != paged_prefill.DEFAULT_SHAPE[:3]]
         for shape in prefill:
             out.append(Case(f"paged prefill, {heads}", paged_prefill._prefill_kernel,
                             PREFILL_TYPES,
