@@ -117,9 +117,10 @@ class EngineConfig:
     # Steps that decode beside prefill rows whose requests attend to at most this many keys run
     # their prefill attention inside the piecewise graphs too (attention/paged_prefill.py, beside
     # the small decode kernel): the whole forward is one graph replay, no call between the pieces.
-    # Longer contexts stay between the pieces (FlashInfer). 0: off, the default: served on an H100
-    # it cut those steps' host tail but cost 6-7 % of TPOT in device time while its kernel walked
-    # each tile's keys unsplit (docs/benchmarks.md, "GPU, thirty-fourth round").
+    # Longer contexts stay between the pieces (FlashInfer). 0: off, the default: served, it cuts
+    # those steps' host tail, but its kernel is still slower than FlashInfer's and served TPOT
+    # with it has ranged from 7 % worse to 2 % better (docs/benchmarks.md, "GPU, thirty-fourth
+    # round" and "thirty-fifth round").
     piece_prefill_keys: int = 0
     # Steps that carry decodes and prefill run the decode rows through the decode kernel
     # (attention/mixed.py) with the backends that can; False: one prefill kernel for the whole step.
