@@ -193,8 +193,8 @@ def share_keys(tiles: list[tuple[int, int]], aim: int, shape: PrefillShape) -> i
         return 0
     block = shape.block_n
     blocks = [-(-end // block) for _, end in tiles]
-    longest = max(blocks)
-    per = max(shape.share_blocks, -(-sum(blocks) // aim))
+    longest, total = max(blocks), sum(blocks)
+    per = max(shape.share_blocks, -(-total // aim))
     if per >= longest:
         return 0
 
