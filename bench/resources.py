@@ -173,13 +173,18 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
         heads = f"{model} {nh}/{nkv}x{hd}"
         prefill = [paged_prefill.DEFAULT_SHAPE]
         if sweep:  # those that compile differently: programs and shares are the plan's
-            compiled = {t[:3]: paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES}
-            prefill += [sh for k, sh in compiled.items() if k != paged_prefill.DEFAULT_SHAPE[:3]]
+            def compiles_as(sh: paged_prefill.PrefillShape) -> tuple[int, ...]:
+                return sh.block_n, sh.warps, sh.stages, sh.tile_rows
+
+            compiled = {compiles_as(sh): sh for sh in
+                        (paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES)}
+            prefill += [sh for k, sh in compiled.items()
+                        if k != compiles_as(paged_prefill.DEFAULT_SHAPE)]
         for shape in prefill:
             out.append(Case(f"paged prefill, {heads}", paged_prefill._prefill_kernel,
                             PREFILL_TYPES,
                             paged_prefill.kernel_constants(nh, nkv, hd, shape) | pdl_on,
-                            "{}k w{} s{}".format(*shape)))
+                            "{}k w{} s{}".format(*shape) + f" {shape.tile_rows} rows"))
         decode = [(rows, small_decode.shape_for(rows)) for rows in (1, 32, 256)]
         if sweep:
             decode += [(256, small_decode.LaunchShape(*t)) for t in WIDE_DECODE_SHAPES

@@ -35,8 +35,8 @@ pool's pages (num_pages, P, nkv, hd), read as (num_pages * P, nkv, hd) at the to
 int64, one item a program: its tile's first row in q, token count (0: no work), request slot and
 first token's position; its share's keys [first, end); the tile's first part (parts of a tile
 are consecutive), the share's index among them and the tile's share count (1: unsplit, no
-part). The parts' scratch: (MAX_PARTS, nkv, TILE_ROWS, hd) float32 outputs and (MAX_PARTS, nkv,
-TILE_ROWS) log-sum-exps.
+part). The parts' scratch: (MAX_PARTS, nkv, tile_rows, hd) float32 outputs and (MAX_PARTS, nkv,
+tile_rows) log-sum-exps.
 """
 
 from __future__ import annotations
@@ -54,9 +54,8 @@ try:
 except ImportError:
     triton = None
 
-TILE_ROWS = 64  # block_m * the group of query heads (padded to a power of two): one MMA operand
 WORK_ROWS = 9  # the work list's columns (module docstring)
-MAX_PARTS = 64  # split tiles' parts a step may write: the scratch's size (16 MiB at 8 x 128)
+MAX_PARTS = 64  # split tiles' parts a step may write: the scratch's size (16 MiB: 8 x 128, 64 rows)
 
 
 class PrefillShape(NamedTuple):
@@ -69,6 +68,8 @@ class PrefillShape(NamedTuple):
     # about two resident per SM of an H200 (0: no tile split)
     programs: int = 256
     share_blocks: int = 4  # a share's keys: at least this many iterations
+    # block_m * the group of query heads (padded to a power of two): the rows of one MMA operand
+    tile_rows: int = 64
 
 
 DEFAULT_SHAPE = PrefillShape()
@@ -158,15 +159,15 @@ def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int,
     pdl.launch_kwargs). `bench resources` compiles the kernel with these too."""
     group = num_heads // num_kv_heads
     return {"NKV": num_kv_heads, "GROUP": group, "GROUP_P": triton.next_power_of_2(group),
-            "HD": head_dim, "BLOCK_M": block_rows(num_heads, num_kv_heads),
+            "HD": head_dim, "BLOCK_M": block_rows(num_heads, num_kv_heads, shape.tile_rows),
             "BLOCK_N": shape.block_n, "num_warps": shape.warps, "num_stages": shape.stages}
 
 
-def block_rows(num_heads: int, num_kv_heads: int) -> int:
-    """block_m: a tile's tokens, so that tokens x the padded group of query heads is TILE_ROWS."""
+def block_rows(num_heads: int, num_kv_heads: int, tile_rows: int = DEFAULT_SHAPE.tile_rows) -> int:
+    """block_m: a tile's tokens, so that tokens x the padded group of query heads is `tile_rows`."""
     group = 1 << (num_heads // num_kv_heads - 1).bit_length()
-    assert group <= TILE_ROWS, f"groups of {group} query heads a KV head"
-    return TILE_ROWS // group
+    assert group <= tile_rows, f"groups of {group} query heads a KV head"
+    return tile_rows // group
 
 
 def programs_for(tokens: int, block_m: int, num_kv_heads: int,
@@ -269,11 +270,12 @@ class PagedPrefill:
         self.num_kv_heads, self.shape = num_kv_heads, shape
         self._aim = shape.programs // num_kv_heads  # items a KV head's shares aim at
         self.sm_scale, self.page_table, self.max_keys = sm_scale, page_table, max_keys
-        self.block_m = block_rows(num_heads, num_kv_heads)
+        self.block_m = block_rows(num_heads, num_kv_heads, shape.tile_rows)
         self._constants = kernel_constants(num_heads, num_kv_heads, head_dim, shape)
         self._work: dict[int, torch.Tensor] = {}  # per bucket: (WORK_ROWS, programs_for(bucket))
         self._host = HostBuffers(page_table.device.type == "cuda")  # the plan's copy, one a step
-        dev, parts = page_table.device, MAX_PARTS * num_kv_heads * TILE_ROWS if self._aim else 1
+        parts = MAX_PARTS * num_kv_heads * shape.tile_rows if self._aim else 1
+        dev = page_table.device
         self._parts_o = torch.empty(parts, head_dim, dtype=torch.float32, device=dev)
         self._parts_lse = torch.empty(parts, dtype=torch.float32, device=dev)
         # per (split tile, KV head): its shares that have written their parts; the last one

@@ -28,10 +28,11 @@ from radixserve.engine.attention.base import StepLayout
 from radixserve.engine.attention.paged_prefill import PagedPrefill, PrefillShape
 
 # short shares (many parts a tile, and shares that end where a tile's tokens begin) with each
-# group; the default (these tiles' walks too short to split); no tile split
+# group; the default (these tiles' walks too short to split); no tile split; tiles of 128 rows
 DEEP = PrefillShape(block_n=16, programs=64, share_blocks=1)
 CASES = [((4, 2), DEEP), ((8, 2), DEEP), ((6, 2), DEEP), ((4, 2), PrefillShape()),
-         ((6, 2), PrefillShape(programs=0))]
+         ((6, 2), PrefillShape(programs=0)), ((8, 2), DEEP._replace(tile_rows=128)),
+         ((4, 2), PrefillShape(warps=8, tile_rows=128))]
 
 
 def check(device, dtype, HD, tol):
@@ -149,6 +150,7 @@ def test_tiles_that_fill_the_aim_walk_whole():
 
 def test_tile_rows_fill_one_operand_whatever_the_group():
     assert [block_rows(nh, 2) for nh in (2, 4, 6, 8, 16)] == [64, 32, 16, 16, 8]
+    assert [block_rows(nh, 2, 128) for nh in (2, 4, 8)] == [128, 64, 32]
     # a request's partial last tile is one of the spare ones past a tile per block_m rows, and
     # the shares of long walks take the shape's spare programs
     assert programs_for(176, 32, 2) == DEFAULT_SHAPE.programs // 2  # the aim, where more
