@@ -24,8 +24,9 @@ average walk over `programs` programs (the spare ones past the tiles take the ex
 share writes its part with its log-sum-exp, and the last share of a tile to finish (an atomic
 count per tile and KV head) merges the parts into the output, as the decode kernel does
 (small_decode.py). Where the tiles alone fill the GPU, splitting only adds the parts' traffic
-(swept on an H200, docs/benchmarks.md), so they walk whole. One kernel a layer still. Share
-boundaries lie at or before the tile's first token, so every token sees a key of every share.
+(swept on an H200 and an H100, docs/benchmarks.md), so they walk whole. One kernel a layer
+still. Share boundaries lie at or before the tile's first token, so every token sees a key of
+every share.
 `plan` refuses steps whose requests attend to more than `max_keys` keys, and those run the
 attention between the pieces (FlashInfer) as before.
 
@@ -295,8 +296,7 @@ class PagedPrefill:
         if work is None:  # before its capture: every later plan writes into this one
             work = self._work[tokens] = torch.zeros(
                 WORK_ROWS, programs_for(tokens, self.block_m, self.num_kv_heads, self.shape),
-                dtype=torch.int64,
-                device=self.page_table.device)
+                dtype=torch.int64, device=self.page_table.device)
         columns: list[list[int]] = [[] for _ in range(WORK_ROWS)]
         if prefill is not None:
             if max(prefill.seq_lens) > self.max_keys:
