@@ -173,9 +173,9 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
 }
 
 # Mixed steps' prefill attention inside the piecewise graphs (piece_prefill_keys, off: 0): its GPU
-# tests, its kernel in six launch shapes against FlashInfer's (bench kernels --parts
-# paged_prefill), mixed steps profiled each way; piece-prefill-serving: the 0.6B served at
-# PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of a measured maximum) each way in turn,
+# tests, its kernel in the launch shapes of PAGED_PREFILL_SHAPES against FlashInfer's (bench
+# kernels --parts paged_prefill), mixed steps profiled each way; piece-prefill-serving: the 0.6B
+# served at PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of a measured maximum) each way in turn,
 # PIECE_PREFILL_ROUNDS times (default 2; PIECE_PREFILL_KEYS: 4096); piece-prefill-kernels: the
 # kernel part alone.
 # mixed_profile LABEL FIELD=VALUE JSON: 0.6B steps of 128 and 256 decode rows beside a prompt
@@ -200,7 +200,9 @@ piece_prefill() {
 piece_prefill_serving() {
   local keys=${PIECE_PREFILL_KEYS:-4096} k
   save_model qwen3-0.6b
-  for k in $(for _ in $(seq "${PIECE_PREFILL_ROUNDS:-2}"); do echo "$keys" 0; done); do
+  # rounds in turn on, off then off, on: neither way always runs first on a fresh machine
+  for k in $(for i in $(seq "${PIECE_PREFILL_ROUNDS:-2}"); do
+               if [ $((i % 2)) = 1 ]; then echo "$keys" 0; else echo 0 "$keys"; fi; done); do
     stage "piece-prefill serving keys=$k" 300 python3 -m radixserve.bench.serving --launch \
       --model /tmp/models/qwen3-0.6b --num-prompts 1536 --input-len 512 --output-len 512 \
       --temperature 0.6 --concurrency 256 --request-rate "${PIECE_PREFILL_RATE:-74.2}" \
