@@ -471,11 +471,14 @@ def _event_ms(fn: Any, calls: int = 20, device_only: bool = False) -> float:
 # long prompt (whose walks the paged kernel splits into shares)
 PAGED_PREFILL_STEPS = [[(0, 128)], [(0, 512)], [(0, 512), (0, 512)], [(1536, 512)], [(3584, 512)]]
 # (keys per iteration, warps, stages, programs the shares aim at, a share's least iterations,
-# rows of a tile's operand), the kernel's default (DEFAULT_SHAPE) among them; programs 0: every
-# tile walks its keys whole
-PAGED_PREFILL_SHAPES = [(64, 4, 3, 256, 4, 64), (64, 4, 3, 0, 4, 64), (64, 4, 3, 512, 4, 64),
-                        (64, 4, 3, 256, 2, 64), (32, 4, 3, 256, 4, 64), (64, 8, 3, 256, 4, 128),
-                        (32, 8, 3, 256, 4, 128), (64, 8, 2, 256, 4, 128), (64, 8, 3, 0, 4, 128)]
+# rows of a tile's operand, the blocks every token sees walked unmasked), the kernel's default
+# (DEFAULT_SHAPE) among them; programs 0: every tile walks its keys whole
+PAGED_PREFILL_SHAPES = [(64, 4, 3, 256, 4, 64, False), (64, 4, 3, 0, 4, 64, False),
+                        (64, 4, 3, 512, 4, 64, False), (64, 4, 3, 256, 2, 64, False),
+                        (32, 4, 3, 256, 4, 64, False), (64, 4, 3, 256, 4, 64, True),
+                        (64, 8, 3, 256, 4, 128, False), (32, 8, 3, 256, 4, 128, False),
+                        (64, 8, 2, 256, 4, 128, False), (64, 8, 3, 0, 4, 128, False),
+                        (64, 8, 3, 256, 4, 128, True)]
 
 
 def paged_prefill() -> list[dict[str, Any]]:
@@ -483,7 +486,7 @@ def paged_prefill() -> list[dict[str, Any]]:
     prefill call (`attend`, planned once) on the same prefill rows, bf16, pages of 16: ms, the
     median of 20 CUDA-event-timed calls of one layer on the device alone (`_event_ms`'s
     device_only: the graphs replay the paged kernel without a launch from the host), for each
-    launch shape of PAGED_PREFILL_SHAPES (`paged_K_wW_sS_pX_shareY_rR_ms`; `paged_ms` the
+    launch shape of PAGED_PREFILL_SHAPES (`paged_K_wW_sS_pX_shareY_rR[_free]_ms`; `paged_ms` the
     default's); FlashInfer's call also as the pieces issue it, between two replays
     (`flashinfer_issued_ms`: its launch from the host included); and the largest relative
     difference of the outputs from FlashInfer's over the shapes."""
@@ -524,7 +527,8 @@ def paged_prefill() -> list[dict[str, Any]]:
                 call, (k, v) = paged.bind(T), pool.pages[0]
                 ms = _event_ms(lambda: call(q, k, v, out),  # noqa: B023 (timed right here)
                                device_only=True)
-                row["paged_{}_w{}_s{}_p{}_share{}_r{}_ms".format(*shape)] = ms
+                name = "paged_{}_w{}_s{}_p{}_share{}_r{}".format(*shape)
+                row[name + ("_free" if shape.free_blocks else "") + "_ms"] = ms
                 if shape == DEFAULT_SHAPE:
                     row["paged_ms"] = ms
                 row["rel_diff"] = max(row["rel_diff"], float(

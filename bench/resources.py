@@ -174,7 +174,7 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
         prefill = [paged_prefill.DEFAULT_SHAPE]
         if sweep:  # those that compile differently: programs and shares are the plan's
             def compiles_as(sh: paged_prefill.PrefillShape) -> tuple[int, ...]:
-                return sh.block_n, sh.warps, sh.stages, sh.tile_rows
+                return sh.block_n, sh.warps, sh.stages, sh.tile_rows, sh.free_blocks
 
             compiled = {compiles_as(sh): sh for sh in
                         (paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES)}
@@ -184,7 +184,8 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
             out.append(Case(f"paged prefill, {heads}", paged_prefill._prefill_kernel,
                             PREFILL_TYPES,
                             paged_prefill.kernel_constants(nh, nkv, hd, shape) | pdl_on,
-                            "{}k w{} s{}".format(*shape) + f" {shape.tile_rows} rows"))
+                            "{}k w{} s{}".format(*shape) + f" {shape.tile_rows} rows"
+                            + (" free blocks" if shape.free_blocks else "")))
         decode = [(rows, small_decode.shape_for(rows)) for rows in (1, 32, 256)]
         if sweep:
             decode += [(256, small_decode.LaunchShape(*t)) for t in WIDE_DECODE_SHAPES

@@ -71,6 +71,9 @@ class PrefillShape(NamedTuple):
     share_blocks: int = 4  # a share's keys: at least this many iterations
     # block_m * the group of query heads (padded to a power of two): the rows of one MMA operand
     tile_rows: int = 64
+    # Walk the blocks of keys that every token of the tile sees (wholly at or before its first
+    # token) in a loop of their own, without the causal mask's compare and select
+    free_blocks: bool = False
 
 
 DEFAULT_SHAPE = PrefillShape()
@@ -89,7 +92,7 @@ if triton is not None:
                         q_stride_h, kv_stride_t, kv_stride_h, o_stride_b, o_stride_h,
                         NKV: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
                         HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        PDL: tl.constexpr):
+                        FREE_BLOCKS: tl.constexpr, PDL: tl.constexpr):
         item, kvh = tl.program_id(0), tl.program_id(1)
         wait_for_step_data(PDL)
         row0 = tl.load(work_ptr + item)
@@ -114,7 +117,16 @@ if triton is not None:
         denom = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, HD], tl.float32)
         # k0 <= pos0 (plan): every token sees the share's first key, so no row's maximum stays -inf
-        for t in range(k0, k1, BLOCK_N):
+        masked = k0
+        if FREE_BLOCKS:  # whole blocks of keys at or before pos0: seen by every token
+            masked = k0 + (tl.minimum(k1, pos0 + 1) - k0) // BLOCK_N * BLOCK_N
+            every = tl.full([BLOCK_N], 1, tl.int1)
+            for t in range(k0, masked, BLOCK_N):
+                m, denom, acc = fold_key_block(q, m, denom, acc, table_ptr + slot * table_stride,
+                                               t + tl.arange(0, BLOCK_N), every, every[None, :],
+                                               k_ptr, v_ptr, kvh, kv_stride_t, kv_stride_h,
+                                               sm_scale, HD)
+        for t in range(masked, k1, BLOCK_N):
             offs = t + tl.arange(0, BLOCK_N)
             live = offs < k1
             seen = live[None, :] & (offs[None, :] <= qpos[:, None])  # causal
@@ -161,7 +173,8 @@ def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int,
     group = num_heads // num_kv_heads
     return {"NKV": num_kv_heads, "GROUP": group, "GROUP_P": triton.next_power_of_2(group),
             "HD": head_dim, "BLOCK_M": block_rows(num_heads, num_kv_heads, shape.tile_rows),
-            "BLOCK_N": shape.block_n, "num_warps": shape.warps, "num_stages": shape.stages}
+            "BLOCK_N": shape.block_n, "FREE_BLOCKS": shape.free_blocks, "num_warps": shape.warps,
+            "num_stages": shape.stages}
 
 
 def block_rows(num_heads: int, num_kv_heads: int, tile_rows: int = DEFAULT_SHAPE.tile_rows) -> int:
