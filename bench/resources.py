@@ -171,19 +171,16 @@ def cases(models: list[str], sweep: bool = False) -> list[Case]:
         nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
         hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
         heads = f"{model} {nh}/{nkv}x{hd}"
-        prefill = [paged_prefill.DEFAULT_SHAPE]
-        if sweep:  # those that compile differently: programs and shares are the plan's
-            def compiles_as(sh: paged_prefill.PrefillShape) -> tuple[int, ...]:
-                return sh.block_n, sh.warps, sh.stages, sh.tile_rows, sh.free_blocks
-
-            compiled = {compiles_as(sh): sh for sh in
-                        (paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES)}
-            prefill += [sh for k, sh in compiled.items()
-                        if k != compiles_as(paged_prefill.DEFAULT_SHAPE)]
-        for shape in prefill:
+        # one case per compiled kernel: shapes that differ only in the plan's fields (programs,
+        # shares) compile alike, so they are told apart by their compile-time arguments
+        prefill = {}
+        for shape in [paged_prefill.DEFAULT_SHAPE] + (
+                [paged_prefill.PrefillShape(*t) for t in PAGED_PREFILL_SHAPES] if sweep else []):
+            constants = paged_prefill.kernel_constants(nh, nkv, hd, shape)
+            prefill.setdefault(tuple(sorted(constants.items())), (shape, constants))
+        for shape, constants in prefill.values():
             out.append(Case(f"paged prefill, {heads}", paged_prefill._prefill_kernel,
-                            PREFILL_TYPES,
-                            paged_prefill.kernel_constants(nh, nkv, hd, shape) | pdl_on,
+                            PREFILL_TYPES, constants | pdl_on,
                             "{}k w{} s{}".format(*shape) + f" {shape.tile_rows} rows"
                             + (" free blocks" if shape.free_blocks else "")))
         decode = [(rows, small_decode.shape_for(rows)) for rows in (1, 32, 256)]
