@@ -473,11 +473,10 @@ PAGED_PREFILL_STEPS = [[(0, 128)], [(0, 512)], [(0, 512), (0, 512)], [(1536, 512
 # (keys per iteration, warps, stages, programs the shares aim at, a share's least iterations,
 # rows of a tile's operand, the blocks every token sees walked unmasked), the kernel's default
 # (DEFAULT_SHAPE) among them; programs 0: every tile walks its keys whole
-PAGED_PREFILL_SHAPES = [(64, 4, 3, 256, 4, 64, False), (64, 4, 3, 0, 4, 64, False),
-                        (64, 4, 3, 512, 4, 64, False), (64, 4, 3, 256, 2, 64, False),
-                        (32, 4, 3, 256, 4, 64, False), (64, 4, 3, 256, 4, 64, True),
-                        (64, 8, 3, 256, 4, 128, False), (32, 8, 3, 256, 4, 128, False),
-                        (64, 8, 2, 256, 4, 128, False), (64, 8, 3, 0, 4, 128, False),
+PAGED_PREFILL_SHAPES = [(64, 4, 3, 256, 4, 64, True), (64, 4, 3, 256, 4, 64, False),
+                        (64, 4, 3, 0, 4, 64, True), (64, 4, 3, 512, 4, 64, True),
+                        (64, 4, 3, 256, 2, 64, True), (64, 4, 3, 256, 8, 64, True),
+                        (32, 4, 3, 256, 4, 64, True), (64, 4, 2, 256, 4, 64, True),
                         (64, 8, 3, 256, 4, 128, True)]
 
 

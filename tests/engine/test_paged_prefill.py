@@ -29,12 +29,12 @@ from radixserve.engine.attention.paged_prefill import PagedPrefill, PrefillShape
 
 # short shares (many parts a tile, and shares that end where a tile's tokens begin) with each
 # group; the default (these tiles' walks too short to split); no tile split; tiles of 128 rows;
-# blocks before a tile's first token walked without the causal mask, split and not
+# every key block walked under the causal mask (free_blocks off), split and not
 DEEP = PrefillShape(block_n=16, programs=64, share_blocks=1)
 CASES = [((4, 2), DEEP), ((8, 2), DEEP), ((6, 2), DEEP), ((4, 2), PrefillShape()),
          ((6, 2), PrefillShape(programs=0)), ((8, 2), DEEP._replace(tile_rows=128)),
-         ((4, 2), PrefillShape(warps=8, tile_rows=128)), ((6, 2), DEEP._replace(free_blocks=True)),
-         ((4, 2), PrefillShape(block_n=16, free_blocks=True))]
+         ((4, 2), PrefillShape(warps=8, tile_rows=128)), ((6, 2), DEEP._replace(free_blocks=False)),
+         ((4, 2), PrefillShape(block_n=16, free_blocks=False))]
 
 
 def check(device, dtype, HD, tol):
