@@ -45,6 +45,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "flashinfer pieces, prefill inside": {"attention_backend": "flashinfer",
                                           "max_prefill_tokens": 48, "piece_prefill_keys": 4096,
                                           "graph_prefill_keys": 0},
+    # the same steps with their prefill attention between the pieces (FlashInfer's kernel)
+    "flashinfer pieces, prefill between": {"attention_backend": "flashinfer",
+                                           "max_prefill_tokens": 48, "piece_prefill_keys": 0,
+                                           "graph_prefill_keys": 0},
     "flashinfer page1 chunked": {"attention_backend": "flashinfer", "page_size": 1,
                                  "max_prefill_tokens": 48},
     # chunks of 48 beside the decode rows replayed by the decode graphs, a row per new token
@@ -134,9 +138,14 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     runner = llm.core.runner
     outs = llm.generate(prompts, params)
     llm.core.check_integrity()
-    whole = runner.forward_paths["whole_graph"]  # steps with prefill rows attended inside
-    assert (whole > 0) == (config.get("piece_prefill_keys", 0) > 0), whole
     backend = runner.backend.name
+    paths = runner.forward_paths  # whole_graph: steps with prefill rows attended inside
+    if "prefill inside" in name:
+        assert paths["whole_graph"] > 0, paths
+    if llm.core.config.piece_prefill_keys == 0 or "flashinfer" not in backend:
+        assert paths["whole_graph"] == 0, paths
+    if "prefill between" in name:
+        assert paths["pieces"] > 0, paths
     graphs = runner.graphs is not None
     # graphs wherever asked for and the backend can run them at this page size, else eager
     assert graphs == (config.get("cuda_graph", True)
@@ -149,7 +158,8 @@ def test_engine_bf16_matches_transformers(name, qwen3_hd128):
     hf32 = AutoModelForCausalLM.from_pretrained(str(qwen3_hd128), dtype=torch.float32).cuda().eval()
     stats = compare(hf, hf32, prompts, outs)
     _record({"test": "engine_vs_transformers_bf16", "config": name, "backend": backend,
-             "graphs": graphs, "pieces": pieces, "whole_graph_steps": whole, **stats})
+             "graphs": graphs, "pieces": pieces, "whole_graph_steps": paths["whole_graph"],
+             **stats})
     assert all(len(o.token_ids) == NEW_TOKENS for o in outs)
     distinct = {tuple(o.token_ids) for o in outs}
     assert len(distinct) == NUM_PROMPTS, "outputs should differ across prompts"
