@@ -174,8 +174,9 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
 
 # Mixed steps' prefill attention inside the piecewise graphs (piece_prefill_keys, off: 0): its GPU
 # tests, its kernel in the launch shapes of PAGED_PREFILL_SHAPES against FlashInfer's (bench
-# kernels --parts paged_prefill), mixed steps profiled each way; piece-prefill-serving: the 0.6B
-# served at PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of a measured maximum) each way in turn,
+# kernels --parts paged_prefill), mixed steps profiled each way; piece-prefill-serving:
+# PIECE_PREFILL_MODEL (default qwen3-0.6b; PIECE_PREFILL_PROMPTS requests, default 1536) served at
+# PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of the 0.6B's measured maximum) each way in turn,
 # PIECE_PREFILL_ROUNDS times (default 2; PIECE_PREFILL_KEYS: 4096); piece-prefill-kernels: the
 # kernel part alone.
 # mixed_profile LABEL FIELD=VALUE JSON: 0.6B steps of 128 and 256 decode rows beside a prompt
@@ -198,15 +199,16 @@ piece_prefill() {
   done
 }
 piece_prefill_serving() {
-  local keys=${PIECE_PREFILL_KEYS:-4096} k
-  save_model qwen3-0.6b
+  local keys=${PIECE_PREFILL_KEYS:-4096} model=${PIECE_PREFILL_MODEL:-qwen3-0.6b} k
+  save_model "$model"
   # rounds in turn on, off then off, on: neither way always runs first on a fresh machine
   for k in $(for i in $(seq "${PIECE_PREFILL_ROUNDS:-2}"); do
                if [ $((i % 2)) = 1 ]; then echo "$keys" 0; else echo 0 "$keys"; fi; done); do
     stage "piece-prefill serving keys=$k" 300 python3 -m radixserve.bench.serving --launch \
-      --model /tmp/models/qwen3-0.6b --num-prompts 1536 --input-len 512 --output-len 512 \
-      --temperature 0.6 --concurrency 256 --request-rate "${PIECE_PREFILL_RATE:-74.2}" \
-      --channels 32 --processes 4 --json "$OUT/piece-prefill-serving-$k-$SECONDS.json" \
+      --model "/tmp/models/$model" --num-prompts "${PIECE_PREFILL_PROMPTS:-1536}" \
+      --input-len 512 --output-len 512 --temperature 0.6 --concurrency 256 \
+      --request-rate "${PIECE_PREFILL_RATE:-74.2}" --channels 32 --processes 4 \
+      --json "$OUT/piece-prefill-serving-$model-$k-$SECONDS.json" \
       -- --device cuda --max-running-requests 256 --gateways 4 --piece-prefill-keys "$k"
   done
 }
