@@ -72,9 +72,9 @@ class PrefillShape(NamedTuple):
     # block_m * the group of query heads (padded to a power of two): the rows of one MMA operand
     tile_rows: int = 64
     # Walk the blocks of keys that every token of the tile sees (wholly at or before its first
-    # token) in a loop of their own, without the causal mask's compare and select: 10-20 % less
-    # device time at deep chunks on an H100, within 0.4 us elsewhere (docs/benchmarks.md,
-    # "GPU, thirty-sixth round")
+    # token) in a loop of their own, without the causal mask's compare and select: 18-22 % less
+    # device time at deep chunks on an H100 and 4-10 % at 512-token prompts, 0.2-0.6 us more at
+    # a 128-token one (docs/benchmarks.md, "GPU, thirty-sixth round")
     free_blocks: bool = True
 
 
