@@ -181,7 +181,7 @@ def kernel_constants(num_heads: int, num_kv_heads: int, head_dim: int,
 
 def block_rows(num_heads: int, num_kv_heads: int, tile_rows: int = DEFAULT_SHAPE.tile_rows) -> int:
     """block_m: a tile's tokens, so that tokens x the padded group of query heads is `tile_rows`."""
-    group = 1 << (num_heads // num_kv_heads - 1).bit_length()
+    group = triton.next_power_of_2(num_heads // num_kv_heads)
     assert group <= tile_rows, f"groups of {group} query heads a KV head"
     return tile_rows // group
 
