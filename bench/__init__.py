@@ -29,6 +29,7 @@ BENCHMARKS = {
     "resources": "registers, local and shared memory of the Triton kernels, compiled without a GPU",
     "copies": "host time of a decode step's small copies: torch's host allocator or own buffers",
     "control": "tensor-parallel control plane per step: plan build, send, receive (CPU)",
+    "cores": "which CPUs slow Python work on one CPU when busy (hidden SMT siblings, host load)",
     "suite": "the GPU figures of one model in one process",
     "grammar": "structured-output compile times of pathological constraints",
     "tokenizer": "a real-size tokenizer for the benchmark models, from a tiktoken BPE file",

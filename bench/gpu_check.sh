@@ -18,7 +18,8 @@
 #                                        serving, serving-8b, fa,
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl, piece-prefill,
-#                                        piece-prefill-serving, piece-prefill-kernels
+#                                        piece-prefill-serving, piece-prefill-kernels,
+#                                        engine-cpus-serving, cores
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
 #   spy:SECONDS: py-spy (its wheel in .whl) samples the next scheduler process to start, from outside
 #   and without slowing it, for SECONDS, into $OUT/spy-scheduler.txt; read it with the stage
@@ -26,6 +27,9 @@
 #   "GPU, twenty-ninth round")
 #   pstats:PATH: after stages run with RADIXSERVE_PROFILE_ENGINE=PATH (cProfile of each scheduler's
 #   engine loop thread, services/scheduler/profiling.py), each file's functions by their own time
+#   engine-cpus-serving: the 0.6B at 74.2 req/s (serving_pair) with serve --engine-cpus ENGINE_CPUS
+#   (default auto) and off, in turn; cores: bench cores (which CPUs slow Python work on the one
+#   --engine-cpus auto takes)
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
 #   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
@@ -199,17 +203,29 @@ piece_prefill() {
   done
 }
 piece_prefill_serving() {
-  local keys=${PIECE_PREFILL_KEYS:-4096} model=${PIECE_PREFILL_MODEL:-qwen3-0.6b} k
+  local keys=${PIECE_PREFILL_KEYS:-4096}
+  PAIR_MODEL=${PIECE_PREFILL_MODEL:-qwen3-0.6b} PAIR_PROMPTS=${PIECE_PREFILL_PROMPTS:-1536} \
+    PAIR_RATE=${PIECE_PREFILL_RATE:-74.2} PAIR_ROUNDS=${PIECE_PREFILL_ROUNDS:-2} \
+    serving_pair piece-prefill "--piece-prefill-keys $keys" "--piece-prefill-keys 0"
+}
+
+# serving_pair LABEL "SERVE FLAGS A" "SERVE FLAGS B": PAIR_MODEL (default qwen3-0.6b, PAIR_PROMPTS
+# requests, default 1536) at PAIR_RATE (default 74.2 req/s, 75 % of the 0.6B's measured maximum),
+# 512 in and out, four gateways, served with A and with B in turn, PAIR_ROUNDS times (default 2):
+# A then B, then B then A, so neither way always runs first on a fresh machine.
+serving_pair() {
+  local label=$1 a=$2 b=$3 model=${PAIR_MODEL:-qwen3-0.6b} i flags
   save_model "$model"
-  # rounds in turn on, off then off, on: neither way always runs first on a fresh machine
-  for k in $(for i in $(seq "${PIECE_PREFILL_ROUNDS:-2}"); do
-               if [ $((i % 2)) = 1 ]; then echo "$keys" 0; else echo 0 "$keys"; fi; done); do
-    stage "piece-prefill serving keys=$k" 300 python3 -m radixserve.bench.serving --launch \
-      --model "/tmp/models/$model" --num-prompts "${PIECE_PREFILL_PROMPTS:-1536}" \
-      --input-len 512 --output-len 512 --temperature 0.6 --concurrency 256 \
-      --request-rate "${PIECE_PREFILL_RATE:-74.2}" --channels 32 --processes 4 \
-      --json "$OUT/piece-prefill-serving-$model-$k-$SECONDS.json" \
-      -- --device cuda --max-running-requests 256 --gateways 4 --piece-prefill-keys "$k"
+  for i in $(seq "${PAIR_ROUNDS:-2}"); do
+    for flags in "$a" "$b"; do
+      [ $((i % 2)) = 0 ] && flags=$([ "$flags" = "$a" ] && echo "$b" || echo "$a")
+      stage "$label serving $flags" 300 python3 -m radixserve.bench.serving --launch \
+        --model "/tmp/models/$model" --num-prompts "${PAIR_PROMPTS:-1536}" \
+        --input-len 512 --output-len 512 --temperature 0.6 --concurrency 256 \
+        --request-rate "${PAIR_RATE:-74.2}" --channels 32 --processes 4 \
+        --json "$OUT/$label-serving-$model-${flags// /}-$SECONDS.json" \
+        -- --device cuda --max-running-requests 256 --gateways 4 $flags
+    done
   done
 }
 
@@ -287,6 +303,9 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
          done ;;
     piece-prefill) piece_prefill ;;
     piece-prefill-serving) piece_prefill_serving ;;
+    engine-cpus-serving) serving_pair engine-cpus "--engine-cpus ${ENGINE_CPUS:-auto}" \
+                           "--engine-cpus off" ;;
+    cores) stage cores 120 python3 -m radixserve.bench.cores --json "$OUT/cores.json" ;;
     piece-prefill-kernels) piece_prefill_kernels ;;
     mixed) for split in true false; do
              mixed_profile "mixed split=$split" "split_mixed_attention=$split" \

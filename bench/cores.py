@@ -1,0 +1,88 @@
+"""`radixserve bench cores`: which of the machine's CPUs slow Python work on one CPU.
+
+The served engine thread's host work takes two to three times as long when the machine is busy
+(docs/benchmarks.md, "GPU, twenty-ninth round"). This measures that on one CPU (`--cpu`, by
+default the one `serve --engine-cpus auto` gives the first replica): a fixed piece of interpreter
+work (dicts, lists, small ints and a struct pack, like a step's bookkeeping) timed alone, then
+with one process spinning on each other CPU in turn, then with every other CPU spinning. A CPU
+whose spinner slows the work well beyond the rest shares a core with it, whether or not the
+kernel lists it as an SMT sibling (a guest often cannot see its host's threads); a slowdown with
+every CPU busy but none alone is the machine's (shared caches, memory, clocks or the host under
+a guest). Each figure is the median of --repeats timings, as a factor of the work alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+from radixserve.bench.common import print_table, write_json
+from radixserve.services.common.cpus import allowed_cpus, plan_cpus, smt_siblings
+
+SPIN = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+SETTLE_S = 0.1  # a new spinner's start-up, before the work is timed beside it
+
+
+def _work(rounds: int) -> float:
+    """Seconds `rounds` passes of interpreter bookkeeping take on this thread."""
+    start = time.perf_counter()
+    for r in range(rounds):
+        table = {i: i * 3 for i in range(64)}
+        rows = [table[i] + r for i in range(64) if i & 1]
+        struct.pack(f"{len(rows)}q", *rows)
+    return time.perf_counter() - start
+
+
+def _timed(rounds: int, repeats: int) -> float:
+    return statistics.median(_work(rounds) for _ in range(repeats))
+
+
+def _beside(cpus: list[int], rounds: int, repeats: int) -> float:
+    """The work's median seconds while a process spins on each of `cpus`."""
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN, str(c)]) for c in cpus]
+    try:
+        time.sleep(SETTLE_S * max(1, len(cpus) // 4))
+        return _timed(rounds, repeats)
+    finally:
+        for s in spinners:
+            s.kill()
+        for s in spinners:
+            s.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="radixserve bench cores", description=__doc__.split("\n")[0])
+    p.add_argument("--cpu", type=int, default=None,
+                   help="the CPU to time the work on (default: serve --engine-cpus auto's first)")
+    p.add_argument("--rounds", type=int, default=5000, help="passes of the work per timing")
+    p.add_argument("--repeats", type=int, default=7, help="timings per figure (median)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    allowed = allowed_cpus()
+    plan = plan_cpus("auto", 1, allowed)
+    cpu = args.cpu if args.cpu is not None else (plan.engines[0] if plan else max(allowed))
+    if cpu not in allowed:
+        p.error(f"CPU {cpu} is not among this process's ({sorted(allowed)})")
+    others = sorted(allowed - {cpu})
+    os.sched_setaffinity(0, {cpu})
+    _timed(args.rounds, 2)  # warm the interpreter's caches
+    alone = _timed(args.rounds, args.repeats)
+    listed = smt_siblings(cpu) - {cpu}
+    rows = [{"spinning on": "nothing", "work ms": alone * 1e3, "factor": 1.0, "sibling": ""}]
+    for other in others:
+        t = _beside([other], args.rounds, args.repeats)
+        rows.append({"spinning on": str(other), "work ms": t * 1e3, "factor": t / alone,
+                     "sibling": "listed" if other in listed else ""})
+    t = _beside(others, args.rounds, args.repeats)
+    rows.append({"spinning on": f"all {len(others)} others", "work ms": t * 1e3,
+                 "factor": t / alone, "sibling": ""})
+    print_table(f"interpreter work on CPU {cpu} ({args.rounds} rounds, median of "
+                f"{args.repeats}), {len(allowed)} CPUs allowed", rows)
+    write_json(args.json, {"cpu": cpu, "allowed": sorted(allowed), "listed_siblings":
+                           sorted(listed), "rows": rows})
+    return 0
