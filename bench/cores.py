@@ -4,11 +4,13 @@ The served engine thread's host work takes two to three times as long when the m
 (docs/benchmarks.md, "GPU, twenty-ninth round"). This measures that on one CPU (`--cpu`, by
 default the one `serve --engine-cpus auto` gives the first replica): a fixed piece of interpreter
 work (dicts, lists, small ints and a struct pack, like a step's bookkeeping) timed alone, then
-with one process spinning on each other CPU in turn, then with every other CPU spinning. A CPU
+with one process spinning on each other CPU in turn, then with every other CPU spinning, each
+against the work alone timed just before it. A CPU
 whose spinner slows the work well beyond the rest shares a core with it, whether or not the
 kernel lists it as an SMT sibling (a guest often cannot see its host's threads); a slowdown with
 every CPU busy but none alone is the machine's (shared caches, memory, clocks or the host under
-a guest). Each figure is the median of --repeats timings, as a factor of the work alone.
+a guest). Each figure is the median of --repeats timings; the table also gives the CPU time the
+hypervisor stole from the machine meanwhile.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import time
 
 from radixserve.bench.common import print_table, write_json
+from radixserve.bench.process import machine_cpu
 from radixserve.services.common.cpus import allowed_cpus, plan_cpus, smt_siblings
 
 SPIN = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
@@ -71,18 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     others = sorted(allowed - {cpu})
     os.sched_setaffinity(0, {cpu})
     _timed(args.rounds, 2)  # warm the interpreter's caches
-    alone = _timed(args.rounds, args.repeats)
     listed = smt_siblings(cpu) - {cpu}
-    rows = [{"spinning on": "nothing", "work ms": alone * 1e3, "factor": 1.0, "sibling": ""}]
-    for other in others:
-        t = _beside([other], args.rounds, args.repeats)
-        rows.append({"spinning on": str(other), "work ms": t * 1e3, "factor": t / alone,
-                     "sibling": "listed" if other in listed else ""})
-    t = _beside(others, args.rounds, args.repeats)
-    rows.append({"spinning on": f"all {len(others)} others", "work ms": t * 1e3,
-                 "factor": t / alone, "sibling": ""})
+    stolen_before = machine_cpu()[1]
+    began = time.perf_counter()
+    rows = []
+    # Each figure against the work alone just before it: a shared host's speed drifts by more
+    # than one spinner moves it.
+    for spun, label in [*(([o], str(o)) for o in others), (others, f"all {len(others)} others")]:
+        alone = _timed(args.rounds, args.repeats)
+        beside = _beside(spun, args.rounds, args.repeats)
+        rows.append({"spinning on": label, "alone ms": alone * 1e3, "beside ms": beside * 1e3,
+                     "factor": beside / alone,
+                     "sibling": "listed" if label in map(str, listed) else ""})
+    stolen = (machine_cpu()[1] - stolen_before) / (time.perf_counter() - began)
     print_table(f"interpreter work on CPU {cpu} ({args.rounds} rounds, median of "
-                f"{args.repeats}), {len(allowed)} CPUs allowed", rows)
+                f"{args.repeats}), {len(allowed)} CPUs allowed; the machine's CPUs were "
+                f"stolen {stolen:.3f} cores meanwhile", rows)
     write_json(args.json, {"cpu": cpu, "allowed": sorted(allowed), "listed_siblings":
-                           sorted(listed), "rows": rows})
+                           sorted(listed), "stolen_cores": stolen, "rows": rows})
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -177,6 +177,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu() -> tuple[float, float]:
+    """(busy, stolen): CPU seconds of the whole machine so far, summed over its CPUs (/proc/stat).
+    Stolen is time a virtual CPU had work but the hypervisor ran something else: on a shared host
+    every thread of ours stalls for it, whatever our code does."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
 def sample(pid: int) -> dict[str, float]:
     """RSS in MiB and open file descriptors of `pid` (an OSError once it has exited)."""
     try:

@@ -55,6 +55,7 @@ from radixserve.bench.plane_timing import (
 from radixserve.bench.process import (
     add_stack_args,
     cpu_seconds,
+    machine_cpu,
     parse_stack_args,
     percentiles,
     service_pids,
@@ -144,6 +145,10 @@ class LevelResult:
     service_cores: dict[str, float] = dataclasses.field(default_factory=dict)
     # the bench's own client (every sending process) during the level, in cores
     client_cores: float = 0.0
+    # The whole machine during the level, in cores: busy, and stolen by the hypervisor
+    # (bench/process.py: machine_cpu)
+    machine_cores: float = 0.0
+    stolen_cores: float = 0.0
     # From the services' metrics (none read: empty): plane_timing's (bench/plane_timing.py)
     plane: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -192,12 +197,14 @@ async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchCo
     async with ServerWatch(stub, cfg.poll_interval_s) as watch:
         metrics_before = await asyncio.to_thread(Reading.take, probes.metrics)
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        machine_before = machine_cpu()
         began = time.perf_counter()
         sent = await pool.send(work, shape)
         duration = time.perf_counter() - began
         records = sent.records
         cores = {name: (cpu_seconds(pid) - cpu_before[name]) / duration
                  for name, pid in pids.items()}
+        machine = tuple((b - a) / duration for a, b in zip(machine_before, machine_cpu()))
         metrics_after = await asyncio.to_thread(Reading.take, probes.metrics)
     done = [r for r in records if r.ok]
     for r in records:
@@ -219,6 +226,7 @@ async def _level(pool: LoadPool, stub: pb_grpc.GenerateServiceStub, cfg: BenchCo
                                   sum(r.prompt_tokens for r in done)),
         server_cached_share=watch.cached_share, routing=watch.last.routing,
         replicas=watch.replicas(), service_cores=cores, client_cores=sent.cpu_s / duration,
+        machine_cores=machine[0], stolen_cores=machine[1],
         plane=plane_timing(metrics_before, metrics_after, duration) if probes.metrics else {},
     )
 
@@ -282,14 +290,16 @@ def format_cores(results: list[LevelResult]) -> str:
     if not names:
         return ""
     head = (f"{'conc':>5} {'rate':>6} {'tok/s':>8} " + " ".join(f"{n:>20}" for n in names)
-            + f" {'bench client':>20}")
-    rows = ["service CPU per level: cores busy / us per output token", head, "-" * len(head)]
+            + f" {'bench client':>20} {'machine':>8} {'stolen':>7}")
+    rows = ["service CPU per level: cores busy / us per output token; the whole machine's busy "
+            "and stolen cores (stolen: the hypervisor ran something else)", head, "-" * len(head)]
     for r in results:
         tokens = max(1.0, r.output_tok_s * r.duration_s)
         cores = [r.service_cores.get(n, 0.0) for n in names] + [r.client_cores]
         cells = [f"{c:>8.2f} / {c * r.duration_s / tokens * 1e6:>9.1f}" for c in cores]
         rows.append(f"{r.concurrency:>5} {r.request_rate:>6.1f} {r.output_tok_s:>8.1f} "
-                    + " ".join(f"{c:>20}" for c in cells))
+                    + " ".join(f"{c:>20}" for c in cells)
+                    + f" {r.machine_cores:>8.2f} {r.stolen_cores:>7.3f}")
     return "\n".join(rows)
 
 
