@@ -2,15 +2,15 @@
 
 The served engine thread's host work takes two to three times as long when the machine is busy
 (docs/benchmarks.md, "GPU, twenty-ninth round"). This measures that on one CPU (`--cpu`, by
-default the one `serve --engine-cpus auto` gives the first replica): a fixed piece of interpreter
-work (dicts, lists, small ints and a struct pack, like a step's bookkeeping) timed alone, then
-with one process spinning on each other CPU in turn, then with every other CPU spinning, each
-against the work alone timed just before it. A CPU
-whose spinner slows the work well beyond the rest shares a core with it, whether or not the
+default the highest-numbered): a fixed piece of interpreter work (dicts, lists, small ints and a
+struct pack, like a step's bookkeeping) timed beside one process spinning on each other CPU in
+turn, then beside every other CPU spinning, each against the work alone timed just before it. A
+CPU whose spinner slows the work well beyond the rest shares a core with it, whether or not the
 kernel lists it as an SMT sibling (a guest often cannot see its host's threads); a slowdown with
-every CPU busy but none alone is the machine's (shared caches, memory, clocks or the host under
-a guest). Each figure is the median of --repeats timings; the table also gives the CPU time the
-hypervisor stole from the machine meanwhile.
+every CPU busy but none alone is the machine's (shared caches, memory, clocks or the host under a
+guest), and alone timings that drift from row to row are the host's too. Each figure is the
+median of --repeats timings; the table also gives the CPU time the hypervisor stole from the
+machine meanwhile.
 """
 
 from __future__ import annotations
@@ -22,13 +22,27 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from radixserve.bench.common import print_table, write_json
 from radixserve.bench.process import machine_cpu
-from radixserve.services.common.cpus import allowed_cpus, plan_cpus, smt_siblings
 
+SIBLINGS = "/sys/devices/system/cpu/cpu{}/topology/thread_siblings_list"  # e.g. "7,15" or "6-7"
 SPIN = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
 SETTLE_S = 0.1  # a new spinner's start-up, before the work is timed beside it
+
+
+def _listed_siblings(cpu: int) -> set[int]:
+    """The CPUs the kernel lists as sharing `cpu`'s core (none where it does not say)."""
+    try:
+        text = Path(SIBLINGS.format(cpu)).read_text().strip()
+    except OSError:
+        return set()
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus - {cpu}
 
 
 def _work(rounds: int) -> float:
@@ -61,20 +75,19 @@ def _beside(cpus: list[int], rounds: int, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixserve bench cores", description=__doc__.split("\n")[0])
     p.add_argument("--cpu", type=int, default=None,
-                   help="the CPU to time the work on (default: serve --engine-cpus auto's first)")
+                   help="the CPU to time the work on (default: the highest-numbered one)")
     p.add_argument("--rounds", type=int, default=5000, help="passes of the work per timing")
     p.add_argument("--repeats", type=int, default=7, help="timings per figure (median)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    allowed = allowed_cpus()
-    plan = plan_cpus("auto", 1, allowed)
-    cpu = args.cpu if args.cpu is not None else (plan.engines[0] if plan else max(allowed))
+    allowed = os.sched_getaffinity(0)
+    cpu = args.cpu if args.cpu is not None else max(allowed)
     if cpu not in allowed:
         p.error(f"CPU {cpu} is not among this process's ({sorted(allowed)})")
     others = sorted(allowed - {cpu})
     os.sched_setaffinity(0, {cpu})
     _timed(args.rounds, 2)  # warm the interpreter's caches
-    listed = smt_siblings(cpu) - {cpu}
+    listed = _listed_siblings(cpu)
     stolen_before = machine_cpu()[1]
     began = time.perf_counter()
     rows = []

@@ -19,7 +19,7 @@
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl, piece-prefill,
 #                                        piece-prefill-serving, piece-prefill-kernels,
-#                                        engine-cpus-serving, cores
+#                                        cores
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
 #   spy:SECONDS: py-spy (its wheel in .whl) samples the next scheduler process to start, from outside
 #   and without slowing it, for SECONDS, into $OUT/spy-scheduler.txt; read it with the stage
@@ -27,9 +27,7 @@
 #   "GPU, twenty-ninth round")
 #   pstats:PATH: after stages run with RADIXSERVE_PROFILE_ENGINE=PATH (cProfile of each scheduler's
 #   engine loop thread, services/scheduler/profiling.py), each file's functions by their own time
-#   engine-cpus-serving: the 0.6B at 74.2 req/s (serving_pair) with serve --engine-cpus ENGINE_CPUS
-#   (default auto) and off, in turn; cores: bench cores (which CPUs slow Python work on the one
-#   --engine-cpus auto takes)
+#   cores: bench cores (which CPUs slow Python work on the highest-numbered one)
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
 #   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
@@ -303,8 +301,6 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
          done ;;
     piece-prefill) piece_prefill ;;
     piece-prefill-serving) piece_prefill_serving ;;
-    engine-cpus-serving) serving_pair engine-cpus "--engine-cpus ${ENGINE_CPUS:-auto}" \
-                           "--engine-cpus off" ;;
     cores) stage cores 120 python3 -m radixserve.bench.cores --json "$OUT/cores.json" ;;
     piece-prefill-kernels) piece_prefill_kernels ;;
     mixed) for split in true false; do

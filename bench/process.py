@@ -51,22 +51,15 @@ def parse_stack_args(p: argparse.ArgumentParser,
 def stack(args: argparse.Namespace,
           serve_flags: list[str]) -> Iterator[tuple[str, subprocess.Popen[bytes] | None]]:
     """(gateway address, the `serve` process or None): launched with `serve_flags` under --launch
-    and stopped on the way out, else --target as given. While a launched stack runs, this thread
-    (and what it starts) keeps to the stack's CPUs."""
+    and stopped on the way out, else --target as given."""
     if not args.launch:
         yield args.target, None
         return
-    own = os.sched_getaffinity(0)
     with tempfile.TemporaryDirectory(prefix="radixserve-bench-") as scratch:
         proc, target = _launch(args.model, serve_flags, Path(scratch) / "ready")
         try:
-            # The load keeps to the CPUs the stack was given: under `serve --engine-cpus` that
-            # leaves the engine threads' CPUs to them alone, as a client on another machine would
-            # (services/common/cpus.py). Client processes started from here inherit it.
-            os.sched_setaffinity(0, os.sched_getaffinity(proc.pid) & own or own)
             yield target, proc
         finally:
-            os.sched_setaffinity(0, own)
             proc.terminate()
             proc.wait(60)
 

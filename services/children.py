@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from radixserve.services.config import ServeConfig
@@ -62,10 +62,9 @@ def is_scheduler(name: str) -> bool:
 
 
 def build_children(cfg: ServeConfig, engine_argv: list[str], sockets: str,
-                   envs: list[dict[str, str]], engine_cpus: Sequence[int] = ()) -> list[Child]:
+                   envs: list[dict[str, str]]) -> list[Child]:
     """Every child, in the order their readiness is awaited: tokenizer, detokenizers, schedulers,
-    gateway. `envs[i]` is replica i's scheduler environment (`replica_envs`); `engine_cpus[i]`,
-    where given, the CPU of replica i's engine thread (services/common/cpus.py)."""
+    gateway. `envs[i]` is replica i's scheduler environment (`replica_envs`)."""
     cli = [sys.executable, "-m", "radixserve.services.cli"]
     model = ["--model", cfg.engine.model_path, "--log-level", cfg.log_level]
     tokenizer = f"unix:{sockets}/tokenizer.sock"
@@ -79,13 +78,12 @@ def build_children(cfg: ServeConfig, engine_argv: list[str], sockets: str,
             if cfg.metrics_port else []
         interval = ["--stream-interval", str(cfg.stream_interval)] \
             if cfg.stream_interval > 1 else []
-        pinned = ["--engine-cpus", str(engine_cpus[i])] if engine_cpus else []
         detokenizers.append(Child(detok, [*cli, "detokenizer", *model, "--address", detok_addr,
                                           *interval], detok_addr, replica))
         schedulers.append(Child(sched, [*cli, "scheduler", *model, "--address", sched_addr,
                                         "--detokenizer-addr", detok_addr, *engine_argv,
                                         "--watchdog-timeout", str(cfg.watchdog_timeout_s),
-                                        *metrics, *pinned], sched_addr, replica, envs[i]))
+                                        *metrics], sched_addr, replica, envs[i]))
     backends = ["--tokenizer-addr", tokenizer]
     for s in schedulers:
         backends += ["--scheduler-addr", s.address]

@@ -250,11 +250,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_connection_age(p, f"default: {cfg.RECYCLE_CONNECTION_AGE_S:.0f} with "
                            "--gateway-recycle-s, else 0")
     _add_stream_interval(p)
-    p.add_argument("--engine-cpus", default="off",
-                   help="CPUs of their own for the engine threads, nothing else of the stack on "
-                        "them or their SMT siblings: 'auto' (the highest-numbered, one per "
-                        "replica, where 4 or more are left), a list with one CPU id per replica "
-                        "(e.g. 15 or 7,15), or 'off'")
     _add_routing(p)
     _add_security(p)
     _add_watchdog(p)
@@ -290,10 +285,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=cfg.DEFAULT_SCHEDULER_ADDRESS)
     p.add_argument("--metrics-port", type=int, default=None)
     p.add_argument("--drain-timeout", type=float, default=30.0)
-    p.add_argument("--engine-cpus", default="off",
-                   help="run the engine loop thread on these CPUs (e.g. 15 or 6-7) once the model "
-                        "is loaded, or 'off'; `serve --engine-cpus` sets it and keeps the rest of "
-                        "the stack off them")
     _add_watchdog(p)
     _add_backends(p, "detokenizer")
     _add_engine(p)
@@ -393,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 watchdog_timeout_s=args.watchdog_timeout, dp_size=args.dp_size,
                 gateways=args.gateways, routing=routing_config(args), ready_file=args.ready_file,
                 stream_interval=args.stream_interval, gateway_recycle_s=args.gateway_recycle_s,
-                max_connection_age_s=_connection_age(args), engine_cpus=args.engine_cpus,
+                max_connection_age_s=_connection_age(args),
             )
             supervisor = Supervisor(serve_config, engine_argv(engine))  # places the replicas
         except ValueError as exc:
@@ -430,17 +421,12 @@ async def _serve_one(args: argparse.Namespace) -> int:
             raise SystemExit(f"radixserve detokenizer: --stream-interval must be >= 1, got "
                              f"{args.stream_interval}")
         return await serve_detokenizer(args.address, model_path, secret, args.stream_interval)
-    from radixserve.services.common.cpus import parse_cpu_list
     from radixserve.services.scheduler.server import serve as serve_scheduler
 
     engine = engine_config(args, model_path)
-    try:
-        pinned = frozenset(parse_cpu_list(args.engine_cpus)) if args.engine_cpus != "off" else None
-    except ValueError as exc:
-        raise SystemExit(f"radixserve scheduler: --engine-cpus: {exc}") from None
     return await serve_scheduler(
         args.address, engine, args.detokenizer_addr, args.metrics_port, args.drain_timeout, secret,
-        args.watchdog_timeout or None, pinned or None,
+        args.watchdog_timeout or None,
     )
 
 

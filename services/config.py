@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from radixserve.engine.config import EngineConfig
 from radixserve.services.common.auth import PublicSecurity
-from radixserve.services.common.cpus import CPU_SPECS, parse_cpu_list
 from radixserve.services.gateway.frontend import FrontendConfig
 from radixserve.services.gateway.routing import ROUTING_POLICIES, RoutingConfig
 
@@ -47,9 +46,6 @@ class ServeConfig:
     # services/gateway/retire.py); a retiring gateway waits for its connections to age out.
     gateway_recycle_s: float = 0.0
     max_connection_age_s: float = 0.0  # the gateways' GOAWAY age of a client connection (0: never)
-    # CPUs of their own for the engine threads: "off", "auto" or one CPU id per replica
-    # (services/common/cpus.py)
-    engine_cpus: str = "off"
 
     def __post_init__(self) -> None:
         # The supervisor checks the gateway's health on this port, so it must be a real one.
@@ -78,8 +74,6 @@ class ServeConfig:
         if self.dp_size > 1 and ":" in self.engine.device:
             raise ValueError(f"device {self.engine.device!r} pins one GPU; with dp_size > 1 use "
                              "'cuda' or 'auto': each replica gets GPUs of its own")
-        if self.engine_cpus.strip() not in CPU_SPECS:
-            parse_cpu_list(self.engine_cpus)  # ValueError naming the list
         if self.startup_timeout_s <= 0:
             raise ValueError("startup timeout must be positive")
         if self.watchdog_timeout_s < 0:

@@ -54,12 +54,6 @@ from radixserve.services.children import (
     replica_envs,
 )
 from radixserve.services.common.auth import API_KEY_ENV, SECRET_ENV
-from radixserve.services.common.cpus import (
-    allowed_cpus,
-    format_cpu_list,
-    pin_this_thread,
-    plan_cpus,
-)
 from radixserve.services.common.lifecycle import PARENT_PID_ENV
 from radixserve.services.config import ServeConfig
 from radixserve.services.rotation import GatewayRotation
@@ -90,17 +84,12 @@ class Exited(NamedTuple):
 
 class Supervisor:
     def __init__(self, config: ServeConfig, engine_argv: list[str]) -> None:
-        """ValueError when the replicas cannot be placed (too few GPUs, or CPUs that
-        --engine-cpus names but this process may not use)."""
+        """ValueError when the replicas cannot be placed (too few GPUs)."""
         self._config = config
         self._engine_argv = engine_argv
         engine = config.engine
         self._replica_envs = replica_envs(engine.device, config.dp_size, engine.tp_size,
                                           os.environ)
-        spec = config.engine_cpus
-        if spec.strip() == "auto" and engine.device.startswith("cpu"):
-            spec = "off"  # a CPU engine computes on the cores: its thread only drives them
-        self._cpus = plan_cpus(spec, config.dp_size, allowed_cpus())
         self._children: dict[str, Child] = {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._restarts = RestartBudget(RESTART_LIMIT, RESTART_WINDOW_S)
@@ -114,14 +103,8 @@ class Supervisor:
         os.chmod(sockets, 0o700)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            if self._cpus is not None:  # before any child: they and their threads inherit it
-                pin_this_thread(self._cpus.rest)
-                log.info("engine threads on CPUs %s (reserved with SMT siblings: %s), the rest "
-                         "on %s", format_cpu_list(self._cpus.engines),
-                         format_cpu_list(self._cpus.reserved), format_cpu_list(self._cpus.rest))
             children = build_children(self._config, self._engine_argv, sockets,
-                                      self._replica_envs,
-                                      self._cpus.engines if self._cpus is not None else ())
+                                      self._replica_envs)
             self._children = {c.name: c for c in children}
             for child in children:
                 self._spawn(child)

@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
-from radixserve.services.common.cpus import format_cpu_list, pin_this_thread
 from radixserve.services.scheduler.groups import Refused, add_whole, partition
 from radixserve.services.scheduler.profiling import EngineProfile
 from radixserve.services.scheduler.types import (
@@ -81,9 +80,6 @@ class LoopConfig:
     max_running_requests: int | None = None
     watchdog_s: float | None = None  # no loop iteration may take longer once ready; None: off
     watchdog_exit_grace_s: float = 10.0  # after firing, hard exit if the process still lingers
-    # The loop thread's own CPUs once its engine is built (services/common/cpus.py); None: the
-    # process's
-    engine_cpus: frozenset[int] | None = None
 
 
 class WatchdogTimeout(RuntimeError):
@@ -148,9 +144,6 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             engine = self._factory()
-            if self._config.engine_cpus:  # after the build: threads it started keep the rest
-                pin_this_thread(self._config.engine_cpus)
-                log.info("engine loop thread on CPUs %s", format_cpu_list(self._config.engine_cpus))
             if self._config.warmup:
                 _warm_up(engine)
             self.engine = engine

@@ -255,11 +255,9 @@ async def serve(
     drain_timeout_s: float = 30.0,
     secret: str | None = None,
     watchdog_s: float | None = 60.0,
-    engine_cpus: frozenset[int] | None = None,
 ) -> int:
     """Entry point of `radixserve scheduler`: load the model on the loop thread while health says
-    NOT_SERVING, serve, drain on SIGTERM; exit 1 if the engine loop dies or hangs (watchdog).
-    `engine_cpus`: the loop thread's own CPUs once the model is loaded (services/common/cpus.py)."""
+    NOT_SERVING, serve, drain on SIGTERM; exit 1 if the engine loop dies or hangs (watchdog)."""
     from radixserve.engine.core import EngineCore
     from radixserve.services.common.lifecycle import run_until_signal
     from radixserve.services.scheduler import faults, synthetic
@@ -274,7 +272,6 @@ async def serve(
         max_waiting_requests=engine_config.max_queued_requests,
         max_running_requests=engine_config.max_running_requests,
         watchdog_s=watchdog_s,
-        engine_cpus=engine_cpus,
     )
     # Benchmark and test hooks, no-ops unless their variables are set: a model-free engine that
     # loads the services at a GPU's rate, and injected engine faults.
