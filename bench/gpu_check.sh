@@ -28,6 +28,9 @@
 #   pstats:PATH: after stages run with RADIXSERVE_PROFILE_ENGINE=PATH (cProfile of each scheduler's
 #   engine loop thread, services/scheduler/profiling.py), each file's functions by their own time
 #   cores: bench cores (which CPUs slow Python work on the highest-numbered one)
+#   serving-load: the inter-token goal's measurement on this machine: the 0.6B's maximum rate at
+#   concurrency 256 (1,536 requests, four gateways over 32 connections, four client processes),
+#   then Poisson arrivals at SERVING_RATES of it (default 0.5,0.75,0.75,0.9), and the offline engine
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
 #   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
@@ -274,6 +277,10 @@ for s in "$@"; do
 print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                  stage constrained 400 "${SUITE[@]}" --model qwen3-0.6b --parts constrained "${TOK[@]}" ;;
     serving) serving qwen3-0.6b ;;
+    serving-load) SERVING_LEVELS=256 SERVING_RATES=${SERVING_RATES-0.5,0.75,0.75,0.9} \
+                    SERVING_FLAGS="--gateways 4 ${SERVING_FLAGS:-}" \
+                    SERVING_BENCH_FLAGS="--channels 32 --processes 4 --num-prompts 1536 ${SERVING_BENCH_FLAGS:-}" \
+                    SERVING_LABEL=-load serving qwen3-0.6b ;;
     abort) save_model qwen3-0.6b  # client cancel -> freed at 256 running, per ABORT_GATEWAYS count
            for g in ${ABORT_GATEWAYS:-1 2}; do
              stage "abort gateways=$g" 200 python3 -m radixserve.bench.abort --launch \
