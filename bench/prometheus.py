@@ -24,18 +24,19 @@ def served_metrics(serve_flags: list[str]) -> tuple[list[str], list[str], list[s
     + i, then scheduler replica i on the port after the gateways'. Flags without --metrics-port get
     one, the first of enough free ports."""
     from radixserve.bench.process import free_port_block
-    from radixserve.services.cli import build_parser
+    from radixserve.services.cli import build_parser, resolve_gateways
 
     args = build_parser().parse_args(["serve", *serve_flags])
+    gateways = resolve_gateways(args.gateways, args.device)
     first = args.metrics_port
     if first is None:
-        first = free_port_block(args.gateways + args.dp_size)
+        first = free_port_block(gateways + args.dp_size)
         serve_flags = ["--metrics-port", str(first), *serve_flags]
 
     def urls(ports: range) -> list[str]:
         return [f"http://127.0.0.1:{port}/metrics" for port in ports]
 
-    schedulers = first + args.gateways
+    schedulers = first + gateways
     return (serve_flags, urls(range(first, schedulers)),
             urls(range(schedulers, schedulers + args.dp_size)))
 

@@ -20,6 +20,9 @@ Devices of the replicas (`replica_envs`), decided once before anything starts:
 - Otherwise (`--device cpu`, `auto` with no GPU visible): the replicas share the host's cores, and
   each scheduler gets OMP_NUM_THREADS = max(1, cores // dp_size), torch's thread count, unless the
   supervisor's environment already sets it.
+
+Gateways (`--gateways`, `auto_gateways` for `auto`, the default): a GPU engine gets one per four
+host cores, at most four, on the one public port; a CPU engine one.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from radixserve.services.gateway.routing import RoutingConfig
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
 THREADS_ENV = "OMP_NUM_THREADS"
 TORCH_COUNT = "import torch; print(torch.cuda.device_count())"
+MAX_AUTO_GATEWAYS = 4  # `serve --gateways auto` on a GPU engine (auto_gateways)
+CORES_PER_GATEWAY = 4
 
 
 @dataclass(frozen=True)
@@ -164,12 +169,46 @@ def replica_envs(device: str, dp_size: int, tp_size: int, environ: Mapping[str, 
     return [{THREADS_ENV: str(threads)} for _ in range(dp_size)]
 
 
+def auto_gateways(device: str, environ: Mapping[str, str],
+                  count_gpus: Callable[[], int] | None = None,
+                  num_cores: int | None = None) -> int:
+    """`serve --gateways auto`: how many gateway processes the public port gets.
+
+    A gateway is one core of Python per ~16k streamed tokens a second, so one caps a GPU engine
+    serving a small model (Qwen3-0.6B streams ~30k on an H100: through four gateways the
+    services carried 0.99-1.00 of the offline engine, through one 0.93, docs/benchmarks.md): a
+    GPU engine gets one per CORES_PER_GATEWAY host cores, at most MAX_AUTO_GATEWAYS. A CPU engine
+    gets one, since its model needs the cores. `auto` is a GPU where CUDA_VISIBLE_DEVICES lists
+    one or, unset, where `nvidia-smi -L` does (without nvidia-smi, one gateway: a start-up probe
+    through torch would cost seconds on every CPU machine)."""
+    kind = device.split(":")[0]
+    if kind == "cpu":
+        return 1
+    if kind == "auto":
+        listed = environ.get(CUDA_ENV)
+        if listed is not None:
+            gpus = len([d for d in listed.split(",") if d.strip()])
+        else:
+            gpus = (count_gpus or _nvidia_smi_gpus)() or 0
+        if gpus == 0:
+            return 1
+    return max(1, min(MAX_AUTO_GATEWAYS, (num_cores or _host_cores()) // CORES_PER_GATEWAY))
+
+
+def _nvidia_smi_gpus() -> int | None:
+    """The GPUs `nvidia-smi -L` lists; None where it cannot be run."""
+    listed = _run(["nvidia-smi", "-L"], 30)
+    if listed is None or listed.returncode != 0:
+        return None
+    # "GPU 0: NVIDIA H100 ..."; MIG devices are indented lines under their GPU.
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
 def count_visible_gpus() -> int:
     """GPUs of this machine, counted in other processes so that the supervisor loads no torch."""
-    listed = _run(["nvidia-smi", "-L"], 30)
-    if listed is not None and listed.returncode == 0:
-        # "GPU 0: NVIDIA H100 ..."; MIG devices are indented lines under their GPU.
-        return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+    listed = _nvidia_smi_gpus()
+    if listed is not None:
+        return listed
     probe = _run([sys.executable, "-c", TORCH_COUNT], 120)  # no nvidia-smi: ask torch
     words = probe.stdout.split() if probe is not None and probe.returncode == 0 else []
     return int(words[-1]) if words and words[-1].isdigit() else 0

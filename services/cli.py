@@ -240,9 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp-size", type=int, default=1,
                    help="scheduler replicas (data parallelism), each with its own detokenizer "
                         "and --tp-size GPUs")
-    p.add_argument("--gateways", type=int, default=1,
+    p.add_argument("--gateways", type=_gateway_count, default="auto",
                    help="gateway processes sharing the public port (the kernel spreads client "
-                        "connections over them); each fronts every replica")
+                        "connections over them); each fronts every replica. auto (default): one "
+                        "per 4 host cores, at most 4, for a GPU engine; one for a CPU engine")
     p.add_argument("--gateway-recycle-s", type=float, default=0.0,
                    help="replace the gateways with fresh processes one at a time, each about "
                         "this often (0: never; needs --gateways 2 or more): no call fails, and "
@@ -334,6 +335,27 @@ def engine_argv(engine: Any) -> list[str]:
     return argv + [flag for flag, field in ENGINE_SWITCHES if getattr(engine, field, True) is False]
 
 
+def _gateway_count(text: str) -> str | int:
+    """--gateways: 'auto' or a count of 1 or more."""
+    if text == "auto":
+        return text
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a count, got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {count}")
+    return count
+
+
+def resolve_gateways(gateways: str | int, device: str) -> int:
+    """`serve --gateways` as a count: as given, or auto's for the engine's device (the
+    benchmarks resolve it the same way to find every gateway's metrics port)."""
+    from radixserve.services.children import auto_gateways
+
+    return gateways if isinstance(gateways, int) else auto_gateways(device, os.environ)
+
+
 def _connection_age(args: argparse.Namespace) -> float:
     """`serve`'s --max-connection-age: as given, else the recycling default or 0 (never)."""
     if args.max_connection_age is not None:
@@ -382,7 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metrics_port=args.metrics_port, startup_timeout_s=args.startup_timeout,
                 public=public, log_level=args.log_level,
                 watchdog_timeout_s=args.watchdog_timeout, dp_size=args.dp_size,
-                gateways=args.gateways, routing=routing_config(args), ready_file=args.ready_file,
+                gateways=resolve_gateways(args.gateways, engine.device),
+                routing=routing_config(args), ready_file=args.ready_file,
                 stream_interval=args.stream_interval, gateway_recycle_s=args.gateway_recycle_s,
                 max_connection_age_s=_connection_age(args),
             )

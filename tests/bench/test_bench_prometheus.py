@@ -25,6 +25,19 @@ def test_flags_without_a_port_get_a_free_one() -> None:
     assert schedulers == [f"http://127.0.0.1:{port + 1}/metrics"]
 
 
+def test_auto_gateways_are_counted_as_serve_counts_them() -> None:
+    """`serve --gateways auto` (the default) on a GPU engine runs one per four host cores: each
+    has a metrics port, and the schedulers' come after all of them."""
+    import os
+
+    from radixserve.services.children import auto_gateways
+
+    _, gateways, schedulers = served_metrics(["--device", "cuda", "--metrics-port", "9400"])
+    count = auto_gateways("cuda", os.environ)
+    assert gateways == [f"http://127.0.0.1:{9400 + i}/metrics" for i in range(count)]
+    assert schedulers == [f"http://127.0.0.1:{9400 + count}/metrics"]
+
+
 def test_quantile_interpolates_within_the_bucket() -> None:
     buckets = {0.001: 10.0, 0.002: 30.0, 0.004: 40.0, math.inf: 40.0}
     assert quantile(0.25, buckets) == pytest.approx(0.001)  # rank 10: top of the first bucket

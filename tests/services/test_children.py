@@ -167,3 +167,19 @@ def test_gpus_are_counted_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.Mo
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert count_visible_gpus() == 2
+
+
+def test_auto_gateways_give_a_gpu_engine_one_per_four_cores() -> None:
+    from radixserve.services.children import auto_gateways
+
+    assert auto_gateways("cuda", {}, num_cores=16) == 4
+    assert auto_gateways("cuda:1", {}, num_cores=8) == 2
+    assert auto_gateways("cuda", {}, num_cores=64) == 4  # at most four
+    assert auto_gateways("cuda", {}, num_cores=2) == 1
+    assert auto_gateways("cpu", {}, num_cores=64) == 1  # a CPU engine's model needs the cores
+    # `auto` is a GPU where one is visible: listed, or counted by nvidia-smi when nothing is set
+    assert auto_gateways("auto", {"CUDA_VISIBLE_DEVICES": "0"}, num_cores=16) == 4
+    assert auto_gateways("auto", {"CUDA_VISIBLE_DEVICES": ""}, num_cores=16) == 1
+    assert auto_gateways("auto", {}, count_gpus=lambda: 1, num_cores=16) == 4
+    assert auto_gateways("auto", {}, count_gpus=lambda: 0, num_cores=16) == 1
+    assert auto_gateways("auto", {}, count_gpus=lambda: None, num_cores=16) == 1  # no nvidia-smi

@@ -41,6 +41,19 @@ def test_cli_serve_takes_replicas_and_routing() -> None:
         build_parser().parse_args(["serve", "--routing", "random"])
 
 
+def test_cli_gateways_are_auto_or_a_count() -> None:
+    from radixserve.services.cli import build_parser, resolve_gateways
+
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).gateways == "auto"
+    assert parser.parse_args(["serve", "--gateways", "3"]).gateways == 3
+    for bad in ("0", "many"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--gateways", bad])
+    assert resolve_gateways(3, "cuda") == 3
+    assert resolve_gateways("auto", "cpu") == 1
+
+
 def test_cli_routing_knobs_build_a_checked_routing_config(
         capsys: pytest.CaptureFixture[str]) -> None:
     from radixserve.services.cli import build_parser, routing_config
