@@ -215,11 +215,11 @@ piece_prefill_serving() {
 # 512 in and out, four gateways, served with A and with B in turn, PAIR_ROUNDS times (default 2):
 # A then B, then B then A, so neither way always runs first on a fresh machine.
 serving_pair() {
-  local label=$1 a=$2 b=$3 model=${PAIR_MODEL:-qwen3-0.6b} i flags
+  local label=$1 model=${PAIR_MODEL:-qwen3-0.6b} i flags order
   save_model "$model"
   for i in $(seq "${PAIR_ROUNDS:-2}"); do
-    for flags in "$a" "$b"; do
-      [ $((i % 2)) = 0 ] && flags=$([ "$flags" = "$a" ] && echo "$b" || echo "$a")
+    order=("$2" "$3"); [ $((i % 2)) = 0 ] && order=("$3" "$2")
+    for flags in "${order[@]}"; do
       stage "$label serving $flags" 300 python3 -m radixserve.bench.serving --launch \
         --model "/tmp/models/$model" --num-prompts "${PAIR_PROMPTS:-1536}" \
         --input-len 512 --output-len 512 --temperature 0.6 --concurrency 256 \

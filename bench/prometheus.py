@@ -24,7 +24,8 @@ def served_metrics(serve_flags: list[str]) -> tuple[list[str], list[str], list[s
     + i, then scheduler replica i on the port after the gateways'. Flags without --metrics-port get
     one, the first of enough free ports."""
     from radixserve.bench.process import free_port_block
-    from radixserve.services.cli import build_parser, resolve_gateways
+    from radixserve.services.children import resolve_gateways
+    from radixserve.services.cli import build_parser
 
     args = build_parser().parse_args(["serve", *serve_flags])
     gateways = resolve_gateways(args.gateways, args.device)

@@ -150,15 +150,13 @@ def replica_envs(device: str, dp_size: int, tp_size: int, environ: Mapping[str, 
         return [{}]
     kind = device.split(":")[0]
     if kind in ("cuda", "auto"):
-        listed = environ.get(CUDA_ENV)
-        if listed is not None:
-            visible = [d.strip() for d in listed.split(",") if d.strip()]
-        else:
+        visible = _listed_gpus(environ)
+        if visible is None:
             visible = [str(i) for i in range((count_gpus or count_visible_gpus)())]
         if visible or kind == "cuda":
             need = dp_size * tp_size
             if len(visible) < need:
-                seen = f" ({CUDA_ENV}={listed})" if listed is not None else ""
+                seen = f" ({CUDA_ENV}={environ[CUDA_ENV]})" if CUDA_ENV in environ else ""
                 raise ValueError(f"--dp-size {dp_size} x --tp-size {tp_size} needs {need} GPUs; "
                                  f"{len(visible)} visible{seen}")
             return [{CUDA_ENV: ",".join(visible[i * tp_size:(i + 1) * tp_size])}
@@ -167,6 +165,18 @@ def replica_envs(device: str, dp_size: int, tp_size: int, environ: Mapping[str, 
         return [{} for _ in range(dp_size)]
     threads = max(1, (num_cores or _host_cores()) // dp_size)
     return [{THREADS_ENV: str(threads)} for _ in range(dp_size)]
+
+
+def _listed_gpus(environ: Mapping[str, str]) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES's entries as written (indices or UUIDs); None where it is unset."""
+    listed = environ.get(CUDA_ENV)
+    return None if listed is None else [d.strip() for d in listed.split(",") if d.strip()]
+
+
+def resolve_gateways(gateways: str | int, device: str) -> int:
+    """`serve --gateways` as a count: as given, or `auto_gateways`' for the engine's device (the
+    benchmarks resolve it the same way to find every gateway's metrics port)."""
+    return gateways if isinstance(gateways, int) else auto_gateways(device, os.environ)
 
 
 def auto_gateways(device: str, environ: Mapping[str, str],
@@ -185,11 +195,8 @@ def auto_gateways(device: str, environ: Mapping[str, str],
     if kind == "cpu":
         return 1
     if kind == "auto":
-        listed = environ.get(CUDA_ENV)
-        if listed is not None:
-            gpus = len([d for d in listed.split(",") if d.strip()])
-        else:
-            gpus = (count_gpus or _nvidia_smi_gpus)() or 0
+        listed = _listed_gpus(environ)
+        gpus = len(listed) if listed is not None else (count_gpus or _nvidia_smi_gpus)() or 0
         if gpus == 0:
             return 1
     return max(1, min(MAX_AUTO_GATEWAYS, (num_cores or _host_cores()) // CORES_PER_GATEWAY))

@@ -348,14 +348,6 @@ def _gateway_count(text: str) -> str | int:
     return count
 
 
-def resolve_gateways(gateways: str | int, device: str) -> int:
-    """`serve --gateways` as a count: as given, or auto's for the engine's device (the
-    benchmarks resolve it the same way to find every gateway's metrics port)."""
-    from radixserve.services.children import auto_gateways
-
-    return gateways if isinstance(gateways, int) else auto_gateways(device, os.environ)
-
-
 def _connection_age(args: argparse.Namespace) -> float:
     """`serve`'s --max-connection-age: as given, else the recycling default or 0 (never)."""
     if args.max_connection_age is not None:
@@ -394,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dump_stacks_on_sigusr1()
     die_with_parent()
     if args.command == "serve":
+        from radixserve.services.children import resolve_gateways
         from radixserve.services.supervisor import Supervisor
 
         engine = engine_config(args, _resolve_model(args.model))

@@ -42,7 +42,8 @@ def test_cli_serve_takes_replicas_and_routing() -> None:
 
 
 def test_cli_gateways_are_auto_or_a_count() -> None:
-    from radixserve.services.cli import build_parser, resolve_gateways
+    from radixserve.services.children import resolve_gateways
+    from radixserve.services.cli import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["serve"]).gateways == "auto"
