@@ -117,10 +117,11 @@ class EngineConfig:
     # Steps that decode beside prefill rows whose requests attend to at most this many keys run
     # their prefill attention inside the piecewise graphs too (attention/paged_prefill.py, beside
     # the small decode kernel): the whole forward is one graph replay, no call between the pieces.
-    # Longer contexts stay between the pieces (FlashInfer). 0: off. Served at 75 % load it cut
-    # the engine thread's p99 launch in each of five on/off pairs, at the same TPOT and
-    # throughput, though its kernel is 1.2-1.7x FlashInfer's device time on Qwen3-0.6B and
-    # 1.6-2.1x on Qwen3-8B (docs/benchmarks.md, "GPU, thirty-sixth round").
+    # Longer contexts stay between the pieces (FlashInfer). 0: off. Served on H100s (Qwen3-0.6B
+    # near their maximum rate) it cut the engine thread's p99 launch in each of five on/off
+    # pairs, at the same TPOT and throughput, though its kernel is 1.2-1.7x FlashInfer's device
+    # time on Qwen3-0.6B and 1.6-2.1x on Qwen3-8B (docs/benchmarks.md, "GPU, thirty-sixth
+    # round").
     piece_prefill_keys: int = 4096
     # Steps that carry decodes and prefill run the decode rows through the decode kernel
     # (attention/mixed.py) with the backends that can; False: one prefill kernel for the whole step.
