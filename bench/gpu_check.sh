@@ -19,7 +19,7 @@
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl, piece-prefill,
 #                                        piece-prefill-serving, piece-prefill-kernels,
-#                                        cores
+#                                        cores, serving-load, serving-load-8b
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
 #   spy:SECONDS: py-spy (its wheel in .whl) samples the next scheduler process to start, from outside
 #   and without slowing it, for SECONDS, into $OUT/spy-scheduler.txt; read it with the stage
@@ -30,7 +30,8 @@
 #   cores: bench cores (which CPUs slow Python work on the highest-numbered one)
 #   serving-load: the inter-token goal's measurement on this machine: the 0.6B's maximum rate at
 #   concurrency 256 (1,536 requests, four gateways over 32 connections, four client processes),
-#   then Poisson arrivals at SERVING_RATES of it (default 0.5,0.75,0.75,0.9), and the offline engine
+#   then Poisson arrivals at SERVING_RATES of it (default 0.5,0.75,0.75,0.9), and the offline engine;
+#   serving-load-8b: the same for Qwen3-8B (SERVING_RATES=0.75 keeps it within the stage's time)
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
 #   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
@@ -38,7 +39,8 @@
 #   SERVING_FLAGS="--gateways 2" SERVING_BENCH_FLAGS="--channels 4" bash bench/gpu_check.sh serving
 #   and with tokens sent two at a time: SERVING_FLAGS="--stream-interval 2" bash bench/gpu_check.sh serving
 #   abort: cancel -> freed at 256 running, through each count of gateways in ABORT_GATEWAYS (default
-#   "1 2"; two client connections a gateway, in each client process, where there are several),
+#   4, what `serve --gateways auto` starts on a 16-core host; two client connections a gateway, in
+#   each client process, where there are several),
 #   from ABORT_PROCESSES client processes (default 4: three read the streams that stay)
 #   mixed: decode steps of 128 and 256 rows, alone and each carrying one new prompt of 128 or 512
 #   tokens (bench profile --mixed), host phases split; the decode rows of those steps through the
@@ -127,6 +129,13 @@ serving() {  # serving NAME
     --concurrency "${SERVING_LEVELS:-256,32}" --rate-fractions "${SERVING_RATES-0.5,0.75,0.9}" \
     --offline-baseline --json "$OUT/serving-$1${SERVING_LABEL:-}.json" ${SERVING_BENCH_FLAGS:-} \
     -- --device cuda --max-running-requests 256 ${SERVING_FLAGS:-}
+}
+
+serving_load() {  # serving_load NAME: its maximum rate at concurrency 256, then fractions of it
+  SERVING_LEVELS=256 SERVING_RATES=${SERVING_RATES-0.5,0.75,0.75,0.9} \
+    SERVING_FLAGS="--gateways 4 ${SERVING_FLAGS:-}" \
+    SERVING_BENCH_FLAGS="--channels 32 --processes 4 --num-prompts 1536 ${SERVING_BENCH_FLAGS:-}" \
+    SERVING_LABEL=-load serving "$1"
 }
 
 # Data-parallel replicas sharing GPU 0 (serve --dp-size gives each replica GPUs of its own, so the
@@ -233,7 +242,7 @@ serving_pair() {
 overload() {  # overload "SERVE FLAGS": 3x the saturating rate through the services
   save_model qwen3-0.6b
   local label=${1// /}
-  stage "overload $1" 200 python3 -m radixserve.bench.overload --launch \
+  stage "overload $1" 200 python3 -m radixserve.bench.overload --launch --channels 8 \
     --model /tmp/models/qwen3-0.6b --duration 30 --json "$OUT/overload${label:+-$label}-$SECONDS.json" \
     -- --device cuda $1
 }
@@ -277,12 +286,10 @@ for s in "$@"; do
 print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                  stage constrained 400 "${SUITE[@]}" --model qwen3-0.6b --parts constrained "${TOK[@]}" ;;
     serving) serving qwen3-0.6b ;;
-    serving-load) SERVING_LEVELS=256 SERVING_RATES=${SERVING_RATES-0.5,0.75,0.75,0.9} \
-                    SERVING_FLAGS="--gateways 4 ${SERVING_FLAGS:-}" \
-                    SERVING_BENCH_FLAGS="--channels 32 --processes 4 --num-prompts 1536 ${SERVING_BENCH_FLAGS:-}" \
-                    SERVING_LABEL=-load serving qwen3-0.6b ;;
+    serving-load) serving_load qwen3-0.6b ;;
+    serving-load-8b) serving_load qwen3-8b ;;
     abort) save_model qwen3-0.6b  # client cancel -> freed at 256 running, per ABORT_GATEWAYS count
-           for g in ${ABORT_GATEWAYS:-1 2}; do
+           for g in ${ABORT_GATEWAYS:-4}; do
              stage "abort gateways=$g" 200 python3 -m radixserve.bench.abort --launch \
                --model /tmp/models/qwen3-0.6b --running 256 --cancels 64 --output-len 4000 \
                --channels $((g == 1 ? 1 : 2 * g)) --processes "${ABORT_PROCESSES:-4}" \

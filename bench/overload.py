@@ -7,8 +7,9 @@ admission is `--max-running R --max-queued Q` (passed to `serve` with --launch; 
 values with --target):
   1. unloaded: R closed-loop clients; gives the unloaded ITL and the saturating rate (req/s);
   2. overload: Poisson arrivals at --factor x that rate for --duration seconds.
-Requests are random token-id prompts (--input-len), --output-len tokens with ignore_eos, greedy.
-Refusal latency is send -> status at the client.
+Requests are random token-id prompts (--input-len), --output-len tokens with ignore_eos, greedy,
+spread over --channels client connections in turn (a server with several gateways on one port
+serves each connection on one of them). Refusal latency is send -> status at the client.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
+from radixserve.bench.load import open_channels
 from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
@@ -38,6 +40,7 @@ class OverloadConfig:
     output_len: int = 64
     timeout_s: float = 60.0
     seed: int = 0
+    channels: int = 1
 
 
 @dataclass
@@ -76,27 +79,28 @@ async def _one(stub: pb_grpc.GenerateServiceStub, cfg: OverloadConfig, rng: rand
         phase.itl.extend(gaps)
 
 
-async def _unloaded(stub: pb_grpc.GenerateServiceStub, cfg: OverloadConfig,
+async def _unloaded(stubs: list[pb_grpc.GenerateServiceStub], cfg: OverloadConfig,
                     vocab: int) -> tuple[Phase, float]:
     """R clients, 3 requests each, one after another: ITL and completions per second."""
     phase, rng = Phase(), random.Random(cfg.seed)
 
-    async def client() -> None:
+    async def client(stub: pb_grpc.GenerateServiceStub) -> None:
         for _ in range(3):
             await _one(stub, cfg, rng, phase, vocab)
 
     began = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(cfg.max_running)))
+    await asyncio.gather(*(client(stubs[i % len(stubs)]) for i in range(cfg.max_running)))
     phase.wall_s = time.perf_counter() - began
     return phase, phase.codes.get("OK", 0) / phase.wall_s
 
 
-async def _overload(stub: pb_grpc.GenerateServiceStub, cfg: OverloadConfig, rate: float,
+async def _overload(stubs: list[pb_grpc.GenerateServiceStub], cfg: OverloadConfig, rate: float,
                     vocab: int) -> Phase:
     phase, rng = Phase(), random.Random(cfg.seed + 1)
     tasks = []
     began = time.perf_counter()
     while time.perf_counter() - began < cfg.duration_s:
+        stub = stubs[len(tasks) % len(stubs)]
         tasks.append(asyncio.create_task(_one(stub, cfg, rng, phase, vocab)))
         await asyncio.sleep(rng.expovariate(rate))
     await asyncio.gather(*tasks)
@@ -105,14 +109,18 @@ async def _overload(stub: pb_grpc.GenerateServiceStub, cfg: OverloadConfig, rate
 
 
 async def run(cfg: OverloadConfig) -> dict[str, Any]:
-    async with grpc.aio.insecure_channel(cfg.target) as channel:
-        stub = pb_grpc.GenerateServiceStub(channel)
-        vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
-        await _one(stub, cfg, random.Random(0), Phase(), vocab)  # warm the path end to end
-        calm, rate = await _unloaded(stub, cfg, vocab)
+    channels = open_channels(cfg.target, cfg.channels)
+    try:
+        stubs = [pb_grpc.GenerateServiceStub(channel) for channel in channels]
+        vocab = (await stubs[0].GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).vocab_size
+        for stub in stubs:  # warm each path end to end
+            await _one(stub, cfg, random.Random(0), Phase(), vocab)
+        calm, rate = await _unloaded(stubs, cfg, vocab)
         if not rate:
             raise SystemExit(f"no request finished without load: {calm.codes}")
-        loaded = await _overload(stub, cfg, cfg.factor * rate, vocab)
+        loaded = await _overload(stubs, cfg, cfg.factor * rate, vocab)
+    finally:
+        await asyncio.gather(*(channel.close() for channel in channels))
     return {"saturating_req_s": rate, "arrival_req_s": cfg.factor * rate,
             "unloaded": asdict(calm), "overload": asdict(loaded)}
 
@@ -128,7 +136,7 @@ def format_table(cfg: OverloadConfig, result: dict[str, Any]) -> str:
         (f"max running {cfg.max_running}, max queued {cfg.max_queued}; saturating rate "
         f"{result['saturating_req_s']:.2f} req/s (unloaded, {cfg.max_running} clients); arrivals "
         f"{result['arrival_req_s']:.2f} req/s ({cfg.factor:g}x) for {cfg.duration_s:g} s; "
-        f"input {cfg.input_len}, output {cfg.output_len} tokens"),
+        f"input {cfg.input_len}, output {cfg.output_len} tokens; {cfg.channels} connection(s)"),
         "",
         "| figure | value | target |", "|---|---|---|",
         f"| calls under overload | {sum(codes.values())} "
@@ -157,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--timeout", type=float, default=60.0, help="client deadline per call")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--channels", type=int, default=1,
+                   help="client connections, calls spread over them in turn")
     p.add_argument("--json", dest="json_path", help="write the result here")
     args, extra = parse_stack_args(p, argv)
     admission = ["--max-running-requests", str(args.max_running), "--max-queued-requests",
@@ -164,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     with stack(args, admission + extra) as (target, _):
         cfg = OverloadConfig(target, args.max_running, args.max_queued, args.factor,
                              args.duration, args.input_len, args.output_len, args.timeout,
-                             args.seed)
+                             args.seed, args.channels)
         result = asyncio.run(run(cfg))
     print(format_table(cfg, result))
     if args.json_path:

@@ -25,6 +25,7 @@ PREFILL_CAP = "radixserve_mixed_prefill_cap"  # services/scheduler/metrics.py
 STEP_SECONDS = "radixserve_engine_step_seconds"  # engine/step_times.py, by kind
 HOST_SECONDS = "radixserve_engine_host_seconds"  # engine/step_times.py, by phase
 THREAD_CPU = "radixserve_engine_thread_cpu_seconds_total"  # services/scheduler/metrics.py
+INTER_TOKEN = "radixserve_inter_token_latency_seconds"  # services/gateway/metrics.py
 GC_PAUSES = "radixserve_gc_pause_seconds"  # services/common/gc_pauses.py, by generation
 FORWARDS = "radixserve_engine_forwards_total"  # services/scheduler/metrics.py, by path
 HOPS = {"received_ms": "radixserve_step_detokenizer_received_delay_seconds",
@@ -41,6 +42,9 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     out: dict[str, Any] = {"step_ms": step_ms}
     for key, histogram in HOPS.items():
         out[key] = observed_ms(before, after, histogram)
+    # the streams' inter-token gaps as the gateways handed them to gRPC: the client's ITL less
+    # the last hop and the client's own reading
+    out["handed_itl_ms"] = observed_ms(before, after, INTER_TOKEN)
     # the steps that decoded: the engine's share of the inter-token gaps
     for kind in STEP_KINDS:
         out[f"{kind}_step_ms"] = observed_ms(before, after, STEP_SECONDS, (("kind", kind),))
@@ -107,6 +111,28 @@ def format_plane(results: list[LevelResult]) -> str:
                     f"{r.tpot_ms['p50'] / step:>13.2f} " + " ".join(f"{x:>22}" for x in shown) + " "
                     + " ".join(f"{h:>26}" for h in hops) + f" {cap:>6} " + _format_gc(r.plane))
     return "\n".join(rows)
+
+
+def format_streams(results: list[LevelResult]) -> str:
+    """Each level's inter-token gaps as the gateways handed them to gRPC beside those the client
+    read (plane_timing's handed_itl_ms, the level's itl_ms). Empty when none were read."""
+    if not any(r.plane.get("handed_itl_ms", {}).get("count") for r in results):
+        return ""
+
+    def ratio(q: dict[str, float]) -> str:
+        share = f"{q['p99'] / q['p50']:.2f}" if q["p50"] > 0 else "-"
+        return f"{q['p50']:.2f}/{q['p99']:.2f} ({share})"
+
+    def cells(r: LevelResult) -> list[str] | None:
+        handed = r.plane.get("handed_itl_ms")
+        if not handed or not handed["count"]:
+            return None
+        return [ratio(handed), ratio(r.itl_ms)]
+
+    return _level_table(
+        results, "the streams' inter-token gaps per level, ms, p50/p99 (p99 / p50): as the "
+        "gateways handed them to gRPC (quantiles within buckets 1.1 apart) and as the client read "
+        "them", [("gateways handed", 22), ("client read", 22)], cells)
 
 
 def format_host(results: list[LevelResult]) -> str:

@@ -50,6 +50,7 @@ from radixserve.bench.plane_timing import (
     format_forwards,
     format_host,
     format_plane,
+    format_streams,
     plane_timing,
 )
 from radixserve.bench.process import (
@@ -307,8 +308,8 @@ def format_report(results: list[LevelResult]) -> str:
     """The table, each service's CPU (a --launch'ed stack), the plane's timing (metrics read),
     then each level's replicas when the server reports any."""
     parts = [format_table(results)]
-    for table in (format_cores(results), format_plane(results), format_host(results),
-                  format_forwards(results)):
+    for table in (format_cores(results), format_plane(results), format_streams(results),
+                  format_host(results), format_forwards(results)):
         if table:
             parts.append(f"\n{table}")
     for r in results:

@@ -198,6 +198,7 @@ class Frontend(SchedulerEvents):
         started_at: float | None = None
         first_token_at: float | None = None
         completion = [0] * n
+        handed: list[float | None] = [None] * n  # when each completion's last tokens went out
         ready: list[Item] = []
         while True:
             if not ready:
@@ -229,7 +230,12 @@ class Frontend(SchedulerEvents):
             completion[i] += len(item.token_ids)
             if item.token_ids or item.text:
                 if self._metrics is not None:
-                    self._metrics.on_token_handoff(item.step_unix_ns)
+                    gap = None
+                    if item.token_ids:
+                        now = time.perf_counter()
+                        gap = None if handed[i] is None else now - handed[i]
+                        handed[i] = now
+                    self._metrics.on_token_handoff(item.step_unix_ns, gap)
                 yield Delta(item.token_ids, item.text, item.logprobs, i)
             if item.finish is not None:
                 handle.done.add(i)

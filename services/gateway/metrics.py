@@ -21,6 +21,9 @@ _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64,
 # a fraction of a decode step to many steps
 _HOP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
                 1.024)
+# 0.5 ms to 5 s, each bound 1.1 times the one before: an inter-token quantile read within a bucket
+# is a few percent off at most, close enough for a p99 / p50 ratio against a goal of 2
+_ITL_BUCKETS = tuple(round(0.0005 * 1.1**k, 7) for k in range(97))
 
 
 class GatewayMetrics:
@@ -88,6 +91,13 @@ class GatewayMetrics:
             buckets=_HOP_BUCKETS,
             registry=self.registry,
         )
+        self.inter_token = Histogram(
+            "radixserve_inter_token_latency_seconds",
+            "Time between consecutive messages with tokens of one completion, as this gateway "
+            "handed them to gRPC (the server's part of the inter-token latency a client sees)",
+            buckets=_ITL_BUCKETS,
+            registry=self.registry,
+        )
         self.routed = Counter(
             "radixserve_replica_routed_requests", "Completions sent to each scheduler replica",
             ["replica"], registry=self.registry,
@@ -119,9 +129,14 @@ class GatewayMetrics:
             if at:
                 histogram.observe(max(0, at - times.scheduled) / 1e9)
 
-    def on_token_handoff(self, step_unix_ns: int) -> None:
+    def on_token_handoff(self, step_unix_ns: int, gap_s: float | None) -> None:
+        """A stream's message with tokens goes to gRPC: from its step (`step_unix_ns`, the
+        scheduler's wall clock; 0: unknown) and from the stream's previous such message (`gap_s`;
+        None: its first)."""
         if step_unix_ns:
             self.token_handoff.observe(max(0, time.time_ns() - step_unix_ns) / 1e9)
+        if gap_s is not None:
+            self.inter_token.observe(gap_s)
 
     def serve_http(self, port: int, host: str = "0.0.0.0") -> None:
         gc_pauses.register(self.registry)  # a collection holds every stream's hand-off

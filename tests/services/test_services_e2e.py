@@ -256,6 +256,10 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert 4 <= plane["arrival_ms"]["count"] <= plane["handoff_ms"]["count"]
     assert 0 <= plane["handoff_ms"]["mean"] < timed.duration_s * 1e3
     assert "TPOT p50/step" in plane_timing.format_plane([timed])
+    # the streams' gaps as the gateway handed them out: one fewer than each stream's messages
+    handed = plane["handed_itl_ms"]
+    assert handed["count"] == plane["handoff_ms"]["count"] - 6 and handed["p50"] > 0, handed
+    assert "gateways handed" in plane_timing.format_streams([timed])
     # the engine's steps that decoded (each request decodes its last 3 tokens), none outside the
     # level's steps, and each as long as the engine measured it
     steps = round(timed.duration_s * 1e3 / plane["step_ms"])
@@ -392,3 +396,21 @@ def test_two_gateways_share_the_public_port(tmp_path) -> None:
     finally:
         s.stop()
     assert not ready_file.exists()  # serve removes it when it stops
+
+
+def test_bench_overload_spreads_calls_over_connections(stack: Stack) -> None:
+    """`bench overload --channels 2`: both phases run over two connections, every call gets a
+    status the target allows (a server with spare slots admits them all), and the table names
+    the connections."""
+    import asyncio
+
+    from radixserve.bench import overload
+
+    cfg = overload.OverloadConfig(stack.target, max_running=2, max_queued=2, factor=2.0,
+                                  duration_s=0.5, input_len=8, output_len=4, channels=2)
+    result = asyncio.run(overload.run(cfg))
+    assert result["saturating_req_s"] > 0 and result["unloaded"]["codes"] == {"OK": 6}
+    codes = result["overload"]["codes"]
+    assert sum(codes.values()) >= 1 and set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
+    assert 6 <= len(result["unloaded"]["itl"]) <= 6 * 3  # up to 3 gaps in each call's 4 tokens
+    assert "2 connection(s)" in overload.format_table(cfg, result)

@@ -68,7 +68,8 @@ def test_client_cancel_aborts_in_engine_and_frees_every_map(demo_path: str, n: i
 def test_gateway_times_each_step_from_the_scheduler_to_the_streams(demo_path: str) -> None:
     """The step time the scheduler stamps reaches the gateway through the detokenizer, which adds
     its own: one reading of each point per step (one hand-off per message), the detokenizer's
-    before the arrival on average, and each shorter than the whole call took."""
+    before the arrival on average, and each shorter than the whole call took; the gaps between
+    the stream's messages are timed too."""
     async def body(stack: InProcess, stub: Any) -> None:
         start = time.monotonic()
         res = await acollect(stub, request([5], max_new_tokens=6))
@@ -86,6 +87,12 @@ def test_gateway_times_each_step_from_the_scheduler_to_the_streams(demo_path: st
         assert [sample(name, "count") for name in points] == [steps] * 3
         means = [sample(name, "sum") / sample(name, "count") for name in (*points, "token_handoff")]
         assert means[:3] == sorted(means[:3]) and 0 <= min(means) and max(means) <= took
+        # the stream's inter-token gaps as handed to gRPC: one per message after its first, and
+        # together the span from its first tokens to its last, within the call
+        gaps = [registry.get_sample_value(f"radixserve_inter_token_latency_seconds_{suffix}")
+                for suffix in ("count", "sum")]
+        assert gaps[0] == sample("token_handoff", "count") - 1
+        assert (gaps[1] > 0) == (gaps[0] > 0) and gaps[1] < took
 
     run_in_process(demo_path, body, step_delay_s=0.01)
 
