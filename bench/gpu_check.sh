@@ -19,7 +19,7 @@
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl, piece-prefill,
 #                                        piece-prefill-serving, piece-prefill-kernels,
-#                                        cores, serving-load, serving-load-8b
+#                                        cores, serving-load, serving-load-8b, gateways-serving
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
 #   spy:SECONDS: py-spy (its wheel in .whl) samples the next scheduler process to start, from outside
 #   and without slowing it, for SECONDS, into $OUT/spy-scheduler.txt; read it with the stage
@@ -32,6 +32,7 @@
 #   concurrency 256 (1,536 requests, four gateways over 32 connections, four client processes),
 #   then Poisson arrivals at SERVING_RATES of it (default 0.5,0.75,0.75,0.9), and the offline engine;
 #   serving-load-8b: the same for Qwen3-8B (SERVING_RATES=0.75 keeps it within the stage's time)
+#   gateways-serving: serving_pair (below) with PAIR_GATEWAYS gateways (default 8) and with four
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
 #   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
@@ -288,6 +289,7 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
     serving) serving qwen3-0.6b ;;
     serving-load) serving_load qwen3-0.6b ;;
     serving-load-8b) serving_load qwen3-8b ;;
+    gateways-serving) serving_pair gateways "--gateways ${PAIR_GATEWAYS:-8}" "--gateways 4" ;;
     abort) save_model qwen3-0.6b  # client cancel -> freed at 256 running, per ABORT_GATEWAYS count
            for g in ${ABORT_GATEWAYS:-4}; do
              stage "abort gateways=$g" 200 python3 -m radixserve.bench.abort --launch \
