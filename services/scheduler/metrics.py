@@ -1,4 +1,9 @@
-"""Prometheus view of the engine loop's stats snapshot, computed at scrape time."""
+"""Prometheus view of the engine loop's stats snapshot, computed at scrape time.
+
+Two collectors, each naming its metrics (`describe`), so a scrape that asks for some metrics by
+name (`/metrics?name[]=radixserve_running_requests&...`, as `bench abort` polls every few
+milliseconds) builds only the collector that has them: the counts are cheap, the step and phase
+histograms are most of a full scrape's work, which the process's other threads wait out."""
 
 from __future__ import annotations
 
@@ -12,14 +17,27 @@ from radixserve.engine.step_times import BOUNDS, HOST_BOUNDS
 from radixserve.services.common import gc_pauses
 
 
-class EngineStatsCollector(Collector):
+class _SnapshotCollector(Collector):
     """Reads the latest snapshot; never touches the engine (it lives on another thread)."""
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self._snapshot = snapshot
 
+    def describe(self) -> Iterator[Any]:
+        """Its metrics, whatever the snapshot holds (read once, when registered)."""
+        return self._families({})
+
     def collect(self) -> Iterator[Any]:
-        s = self._snapshot()
+        return self._families(self._snapshot())
+
+    def _families(self, s: dict[str, Any]) -> Iterator[Any]:
+        raise NotImplementedError
+
+
+class EngineCountsCollector(_SnapshotCollector):
+    """The loop's gauges and counters."""
+
+    def _families(self, s: dict[str, Any]) -> Iterator[Any]:
         total = s.get("kv_pages_total", 0)
         free = s.get("kv_pages_free", 0) + s.get("kv_pages_evictable", 0)
         prompt = s.get("prompt_tokens_total", 0)
@@ -76,16 +94,6 @@ class EngineStatsCollector(Collector):
             "(0: its chunks fill max_prefill_tokens)",
             s.get("long_prompt_chunk", 0),
         )
-        yield _histogram(
-            "radixserve_engine_step_seconds",
-            "Engine steps that decoded, from the previous step's read to their own (the gap each "
-            "running stream saw); kind: mixed (they also prefilled) or decode",
-            "kind", BOUNDS, s.get("step_seconds", {}))
-        yield _histogram(
-            "radixserve_engine_host_seconds",
-            "The engine thread's time in each phase of a step: loop (between steps), schedule, "
-            "launch, commands, wait (for the device), process",
-            "phase", HOST_BOUNDS, s.get("host_seconds", {}))
         yield CounterMetricFamily(
             "radixserve_engine_thread_cpu_seconds",
             "CPU time of the engine loop's thread (against its host phases' wall time: the time "
@@ -96,6 +104,22 @@ class EngineStatsCollector(Collector):
             "Running requests sent back to the queue under KV pressure (outputs unchanged)",
             s.get("retractions_total", 0),
         )
+
+
+class EngineTimesCollector(_SnapshotCollector):
+    """The engine's step and host-phase histograms."""
+
+    def _families(self, s: dict[str, Any]) -> Iterator[Any]:
+        yield _histogram(
+            "radixserve_engine_step_seconds",
+            "Engine steps that decoded, from the previous step's read to their own (the gap each "
+            "running stream saw); kind: mixed (they also prefilled) or decode",
+            "kind", BOUNDS, s.get("step_seconds", {}))
+        yield _histogram(
+            "radixserve_engine_host_seconds",
+            "The engine thread's time in each phase of a step: loop (between steps), schedule, "
+            "launch, commands, wait (for the device), process",
+            "phase", HOST_BOUNDS, s.get("host_seconds", {}))
 
 
 def _histogram(name: str, doc: str, label: str, bounds: tuple[float, ...],
@@ -111,8 +135,14 @@ def _histogram(name: str, doc: str, label: str, bounds: tuple[float, ...],
     return family
 
 
-def serve_metrics(port: int, snapshot: Callable[[], dict[str, Any]], host: str = "0.0.0.0") -> None:
+def scheduler_registry(snapshot: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    """The scheduler's metrics, read from the loop's stats `snapshot` at each scrape."""
     registry = CollectorRegistry()
-    registry.register(EngineStatsCollector(snapshot))
+    registry.register(EngineCountsCollector(snapshot))
+    registry.register(EngineTimesCollector(snapshot))
     gc_pauses.register(registry)  # a collection holds the engine thread too
-    start_http_server(port, addr=host, registry=registry)
+    return registry
+
+
+def serve_metrics(port: int, snapshot: Callable[[], dict[str, Any]], host: str = "0.0.0.0") -> None:
+    start_http_server(port, addr=host, registry=scheduler_registry(snapshot))

@@ -5,18 +5,39 @@ host phases of each step call likewise, counted by a running engine."""
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from radixserve.bench.prometheus import Reading, observed_ms, parse
 from radixserve.engine import SamplingParams
 from radixserve.engine.step_times import BOUNDS, HOST_PHASES, StepTimes
-from radixserve.services.scheduler.metrics import EngineStatsCollector
+from radixserve.services.scheduler.metrics import scheduler_registry
 
 
 def _reading(stats: dict) -> Reading:
     """One scrape of a scheduler whose engine's stats are `stats`."""
-    registry = CollectorRegistry()
-    registry.register(EngineStatsCollector(lambda: stats))
-    return Reading([parse(generate_latest(registry).decode())])
+    return Reading([parse(generate_latest(scheduler_registry(lambda: stats)).decode())])
+
+
+def test_a_scrape_by_name_builds_only_the_counts() -> None:
+    """What bench abort polls every few milliseconds (`?name[]=...`) reads the loop's counts
+    without building the step and phase histograms, which a full scrape has."""
+    times = StepTimes()
+    times.observe_step(False, 0.007)
+    reads = []
+
+    def snapshot() -> dict:
+        reads.append(1)
+        return {"running_requests": 7, "engine_steps_total": 40, "step_seconds": times.snapshot()}
+
+    registry = scheduler_registry(snapshot)
+    reads.clear()  # (registering reads nothing, but keep the count to the scrapes)
+    names = ["radixserve_running_requests", "radixserve_engine_steps_total"]
+    text = generate_latest(registry.restricted_registry(names)).decode()
+    assert len(reads) == 1 and "radixserve_engine_step_seconds" not in text
+    counts = Reading([parse(text)])
+    assert counts.total("radixserve_running_requests") == 7
+    assert counts.total("radixserve_engine_steps_total") == 40
+    full = generate_latest(registry).decode()
+    assert len(reads) == 3 and "radixserve_engine_step_seconds_bucket" in full
 
 
 def test_steps_land_in_their_bucket_and_kind() -> None:
