@@ -19,7 +19,8 @@
 #                                        dp-shared, abort, mixed, overload, graph-prefill,
 #                                        overload-ab, pdl, piece-prefill,
 #                                        piece-prefill-serving, piece-prefill-kernels,
-#                                        cores, serving-load, serving-load-8b, gateways-serving
+#                                        cores, serving-load, serving-load-8b, gateways-serving,
+#                                        mixed-cap-serving
 #   save:MODEL: /tmp/models/MODEL (config, tokenizer, random bf16 weights) for py: stages
 #   spy:SECONDS: py-spy (its wheel in .whl) samples the next scheduler process to start, from outside
 #   and without slowing it, for SECONDS, into $OUT/spy-scheduler.txt; read it with the stage
@@ -33,6 +34,9 @@
 #   then Poisson arrivals at SERVING_RATES of it (default 0.5,0.75,0.75,0.9), and the offline engine;
 #   serving-load-8b: the same for Qwen3-8B (SERVING_RATES=0.75 keeps it within the stage's time)
 #   gateways-serving: serving_pair (below) with PAIR_GATEWAYS gateways (default 8) and with four
+#   mixed-cap-serving: serving_pair with steps that decode held to PAIR_MIXED_TOKENS prefill tokens
+#   (default 512, one prompt of the workload) and with the learned cap alone; give PAIR_RATE as
+#   75 % of the machine's maximum (serving-load), e.g. PAIR_RATE=57.5 on an H100
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
 #   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
@@ -191,7 +195,7 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
 # tests, its kernel in the launch shapes of PAGED_PREFILL_SHAPES against FlashInfer's (bench
 # kernels --parts paged_prefill), mixed steps profiled each way; piece-prefill-serving:
 # PIECE_PREFILL_MODEL (default qwen3-0.6b; PIECE_PREFILL_PROMPTS requests, default 1536) served at
-# PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of the 0.6B's measured maximum) each way in turn,
+# PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of an H200's maximum for the 0.6B) each way in turn,
 # PIECE_PREFILL_ROUNDS times (default 2; PIECE_PREFILL_KEYS: 4096); piece-prefill-kernels: the
 # kernel part alone.
 # mixed_profile LABEL FIELD=VALUE JSON: 0.6B steps of 128 and 256 decode rows beside a prompt
@@ -221,8 +225,8 @@ piece_prefill_serving() {
 }
 
 # serving_pair LABEL "SERVE FLAGS A" "SERVE FLAGS B": PAIR_MODEL (default qwen3-0.6b, PAIR_PROMPTS
-# requests, default 1536) at PAIR_RATE (default 74.2 req/s, 75 % of the 0.6B's measured maximum),
-# 512 in and out, four gateways, served with A and with B in turn, PAIR_ROUNDS times (default 2):
+# requests, default 1536) at PAIR_RATE (default 74.2 req/s: 75 % of an H200's maximum, 95 % of
+# an H100's), 512 in and out, four gateways, served with A and with B in turn, PAIR_ROUNDS times (default 2):
 # A then B, then B then A, so neither way always runs first on a fresh machine.
 serving_pair() {
   local label=$1 model=${PAIR_MODEL:-qwen3-0.6b} i flags order
@@ -290,6 +294,7 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
     serving-load) serving_load qwen3-0.6b ;;
     serving-load-8b) serving_load qwen3-8b ;;
     gateways-serving) serving_pair gateways "--gateways ${PAIR_GATEWAYS:-8}" "--gateways 4" ;;
+    mixed-cap-serving) serving_pair mixed-cap "--mixed-prefill-tokens ${PAIR_MIXED_TOKENS:-512}" "" ;;
     abort) save_model qwen3-0.6b  # client cancel -> freed at 256 running, per ABORT_GATEWAYS count
            for g in ${ABORT_GATEWAYS:-4}; do
              stage "abort gateways=$g" 200 python3 -m radixserve.bench.abort --launch \

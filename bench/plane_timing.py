@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from radixserve.bench.prometheus import ENGINE_STEPS, Reading, observed_ms
-from radixserve.engine.step_times import HOST_PHASES
+from radixserve.engine.step_times import HOST_PHASES, PREFILL_CLASSES
 from radixserve.engine.step_times import KINDS as STEP_KINDS  # the histogram's kind labels
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 PREFILL_CAP = "radixserve_mixed_prefill_cap"  # services/scheduler/metrics.py
 STEP_SECONDS = "radixserve_engine_step_seconds"  # engine/step_times.py, by kind
+MIXED_SECONDS = "radixserve_engine_mixed_step_seconds"  # the mixed ones, by their prefill
 HOST_SECONDS = "radixserve_engine_host_seconds"  # engine/step_times.py, by phase
 THREAD_CPU = "radixserve_engine_thread_cpu_seconds_total"  # services/scheduler/metrics.py
 INTER_TOKEN = "radixserve_inter_token_latency_seconds"  # services/gateway/metrics.py
@@ -48,6 +49,9 @@ def plane_timing(before: Reading, after: Reading, duration_s: float) -> dict[str
     # the steps that decoded: the engine's share of the inter-token gaps
     for kind in STEP_KINDS:
         out[f"{kind}_step_ms"] = observed_ms(before, after, STEP_SECONDS, (("kind", kind),))
+    # the mixed steps by their prefill: whether their tail is the steps that took the most
+    out["mixed_by_prefill_ms"] = {
+        c: observed_ms(before, after, MIXED_SECONDS, (("prefill", c),)) for c in PREFILL_CLASSES}
     # the engine thread's phases of each step call: the one a late step spent its time in
     out["host_ms"] = {phase: observed_ms(before, after, HOST_SECONDS, (("phase", phase),))
                       for phase in HOST_PHASES}
@@ -133,6 +137,26 @@ def format_streams(results: list[LevelResult]) -> str:
         results, "the streams' inter-token gaps per level, ms, p50/p99 (p99 / p50): as the "
         "gateways handed them to gRPC (quantiles within buckets 1.1 apart) and as the client read "
         "them", [("gateways handed", 22), ("client read", 22)], cells)
+
+
+def format_mixed(results: list[LevelResult]) -> str:
+    """Each level's mixed steps by their prefill (plane_timing's mixed_by_prefill_ms). Empty
+    when none were read."""
+    def cells(r: LevelResult) -> list[str] | None:
+        classes = r.plane.get("mixed_by_prefill_ms")
+        counted = sum(c["count"] for c in classes.values()) if classes else 0
+        if not counted:
+            return None
+        return [f"{q['count'] / counted:.2f}/{q['p50']:.1f}/{q['p99']:.1f}" if q["count"] else "-"
+                for q in (classes.get(c, {"count": 0}) for c in PREFILL_CLASSES)]
+
+    if not any(cells(r) for r in results):
+        return ""
+    return _level_table(
+        results, "the engine's steps that decoded beside prefill, by their prefill (budget "
+        "units: tokens under the default budget), ms: share of those steps / p50 / p99 "
+        "(quantiles within buckets 2^(1/3) apart)",
+        [(f"prefill {c}", 18) for c in PREFILL_CLASSES], cells)
 
 
 def format_host(results: list[LevelResult]) -> str:

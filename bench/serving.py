@@ -19,7 +19,8 @@ after each level, for the plane's own timing:
   step      the level's time / the engine steps each scheduler replica ran in it (mixed steps
             included), so TPOT ÷ step is what the plane adds to the engine's pace;
   decode, mixed  the engine's steps that decoded (alone, or beside prefill) as the streams saw
-            them: their share and p50 / p99, the engine's part of the ITL tail;
+            them: their share and p50 / p99, the engine's part of the ITL tail (and a table of
+            the mixed ones by their prefill: 1-256 tokens, ..., 2049+);
   gc        the garbage collector's pauses: ms a second in a scheduler / a gateway, and the
             scheduler's p99 pause per generation;
   and how long after the scheduler had a step's outputs they were at each point on the way:
@@ -27,7 +28,9 @@ after each level, for the plane's own timing:
   arrival   a gateway received the step's deltas from the detokenizer;
   handoff   a gateway handed a stream's message with them to gRPC
             (per step, the handoff per message, from the gateways' histograms: quantiles within
-            buckets that double from 0.5 ms).
+            buckets that double from 0.5 ms);
+  and a table of the gaps between a stream's messages as the gateways handed them to gRPC,
+  beside the ITL the client read: what the last hop and the client add to the tail.
 --compare-routing runs the whole thing once per routing policy, each on a fresh --launch'ed server
 (`serve --routing P` and the flags after --), and ends with one table side by side.
 """
@@ -49,6 +52,7 @@ from radixserve.bench.load import LoadPool, Shape, one_request, open_channels
 from radixserve.bench.plane_timing import (
     format_forwards,
     format_host,
+    format_mixed,
     format_plane,
     format_streams,
     plane_timing,
@@ -308,8 +312,8 @@ def format_report(results: list[LevelResult]) -> str:
     """The table, each service's CPU (a --launch'ed stack), the plane's timing (metrics read),
     then each level's replicas when the server reports any."""
     parts = [format_table(results)]
-    for table in (format_cores(results), format_plane(results), format_streams(results),
-                  format_host(results), format_forwards(results)):
+    for table in (format_cores(results), format_plane(results), format_mixed(results),
+                  format_streams(results), format_host(results), format_forwards(results)):
         if table:
             parts.append(f"\n{table}")
     for r in results:

@@ -258,7 +258,7 @@ class EngineCore:
         seconds = done - self._started(batch)
         self.scheduler.step_cost.observe(batch.decode_rows, batch.prefill_cost, seconds)
         if batch.decode_rows:
-            self.step_times.observe_step(batch.prefill_cost > 0, seconds)
+            self.step_times.observe_step(batch.prefill_cost, seconds)
         self._last_done = done
         if self.tp is not None:
             self.tp.check()  # a peer that died mid-step leaves results that must not be used
@@ -343,6 +343,7 @@ class EngineCore:
             "grammar_mask_steps_total": self.runner.grammar_mask_steps,
             "forward_paths": dict(self.runner.forward_paths),  # model_runner.FORWARD_PATHS
             "step_seconds": self.step_times.snapshot(),  # engine/step_times.py
+            "mixed_step_seconds": self.step_times.mixed.snapshot(),
             "host_seconds": self.host_times.snapshot(),
         }
 

@@ -29,6 +29,10 @@ def geometric_bounds(first_s: float, count: int) -> tuple[float, ...]:
 
 BOUNDS = geometric_bounds(0.001, 31)  # steps: 1 ms to 1.02 s
 KINDS = ("decode", "mixed")
+# The mixed steps again, by their prefill (budget units: tokens under the default budget), so a
+# mixed step's tail can be put down to the steps that took several prompts or a long chunk
+PREFILL_EDGES = (256, 512, 1024, 2048)
+PREFILL_CLASSES = ("1-256", "257-512", "513-1024", "1025-2048", "2049+")
 HOST_BOUNDS = geometric_bounds(0.00002, 40)  # host phases: 20 us to 164 ms
 # loop: between two step calls (the serving loop publishes the outputs, applies commands);
 # schedule: Scheduler.schedule; launch: the forward's host side, up to the device's queue;
@@ -57,10 +61,20 @@ class TimeHistogram:
                 for label, counts in self._counts.items()}
 
 
+def prefill_class(units: float) -> str:
+    """The PREFILL_CLASSES label of a mixed step with `units` of prefill (> 0)."""
+    return PREFILL_CLASSES[bisect.bisect_left(PREFILL_EDGES, units)]
+
+
 class StepTimes(TimeHistogram):
     def __init__(self) -> None:
         super().__init__(KINDS, BOUNDS)
+        self.mixed = TimeHistogram(PREFILL_CLASSES, BOUNDS)  # the mixed steps by their prefill
 
-    def observe_step(self, prefill: bool, seconds: float) -> None:
-        """A step that decoded (beside `prefill` or not) took `seconds`."""
-        self.observe("mixed" if prefill else "decode", seconds)
+    def observe_step(self, prefill: float, seconds: float) -> None:
+        """A step that decoded beside `prefill` units of prefill (0: none) took `seconds`."""
+        if prefill > 0:
+            self.observe("mixed", seconds)
+            self.mixed.observe(prefill_class(prefill), seconds)
+        else:
+            self.observe("decode", seconds)

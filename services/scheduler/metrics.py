@@ -116,6 +116,11 @@ class EngineTimesCollector(_SnapshotCollector):
             "running stream saw); kind: mixed (they also prefilled) or decode",
             "kind", BOUNDS, s.get("step_seconds", {}))
         yield _histogram(
+            "radixserve_engine_mixed_step_seconds",
+            "The engine steps that decoded beside prefill, by their prefill (budget units: "
+            "tokens under the default budget)", "prefill", BOUNDS,
+            s.get("mixed_step_seconds", {}))
+        yield _histogram(
             "radixserve_engine_host_seconds",
             "The engine thread's time in each phase of a step: loop (between steps), schedule, "
             "launch, commands, wait (for the device), process",

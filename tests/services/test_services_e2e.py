@@ -267,6 +267,9 @@ def test_bench_serving_smoke(stack: Stack) -> None:
     assert 3 <= decoded <= steps, (plane, steps)
     assert 0 < plane["decode_step_ms"]["p50"] <= plane["decode_step_ms"]["p99"], plane
     assert "decode share/p50/p99" in plane_timing.format_plane([timed])
+    # the mixed steps again, by their prefill: every one of them in one class
+    by_prefill = plane["mixed_by_prefill_ms"]
+    assert sum(q["count"] for q in by_prefill.values()) == plane["mixed_step_ms"]["count"]
     # the engine thread's phases: a launch and a read for each of those steps, the level's own
     host = plane["host_ms"]
     assert decoded <= host["launch"]["count"] <= steps + 1 and host["wait"]["count"] >= decoded
