@@ -35,8 +35,8 @@
 #   serving-load-8b: the same for Qwen3-8B (SERVING_RATES=0.75 keeps it within the stage's time)
 #   gateways-serving: serving_pair (below) with PAIR_GATEWAYS gateways (default 8) and with four
 #   mixed-cap-serving: serving_pair with steps that decode held to PAIR_MIXED_TOKENS prefill tokens
-#   (default 512, one prompt of the workload) and with the learned cap alone; give PAIR_RATE as
-#   75 % of the machine's maximum (serving-load), e.g. PAIR_RATE=57.5 on an H100
+#   (default 512, one prompt of the workload) and with the learned cap alone; after serving-load
+#   in the same run, the pairs run at 75 % of the maximum it measured (pair_rate)
 #   tests:EXPR: the tests stage's files, only the tests pytest's -k EXPR selects (spaces allowed)
 #   ab:bench:MODULE:ARGS (after bash bench/ab_base.sh REV [NAME], carrying .ab): MODULE under this
 #   tree and under each tree in .ab/, in turn, e.g. ab:bench:suite:--model:qwen3-0.6b:--parts:latency,offline
@@ -195,7 +195,7 @@ pieces() {  # pieces MODEL PREFILL_TOKENS PARTS
 # tests, its kernel in the launch shapes of PAGED_PREFILL_SHAPES against FlashInfer's (bench
 # kernels --parts paged_prefill), mixed steps profiled each way; piece-prefill-serving:
 # PIECE_PREFILL_MODEL (default qwen3-0.6b; PIECE_PREFILL_PROMPTS requests, default 1536) served at
-# PIECE_PREFILL_RATE (default 74.2 req/s, 75 % of an H200's maximum for the 0.6B) each way in turn,
+# PIECE_PREFILL_RATE (default: pair_rate's, below) each way in turn,
 # PIECE_PREFILL_ROUNDS times (default 2; PIECE_PREFILL_KEYS: 4096); piece-prefill-kernels: the
 # kernel part alone.
 # mixed_profile LABEL FIELD=VALUE JSON: 0.6B steps of 128 and 256 decode rows beside a prompt
@@ -220,24 +220,37 @@ piece_prefill() {
 piece_prefill_serving() {
   local keys=${PIECE_PREFILL_KEYS:-4096}
   PAIR_MODEL=${PIECE_PREFILL_MODEL:-qwen3-0.6b} PAIR_PROMPTS=${PIECE_PREFILL_PROMPTS:-1536} \
-    PAIR_RATE=${PIECE_PREFILL_RATE:-74.2} PAIR_ROUNDS=${PIECE_PREFILL_ROUNDS:-2} \
+    PAIR_RATE=${PIECE_PREFILL_RATE:-} PAIR_ROUNDS=${PIECE_PREFILL_ROUNDS:-2} \
     serving_pair piece-prefill "--piece-prefill-keys $keys" "--piece-prefill-keys 0"
 }
 
+# The rate serving_pair runs MODEL at: PAIR_RATE where given; else 75 % of the maximum that a
+# serving-load stage earlier in this run measured on this machine; else 74.2 req/s (75 % of an
+# H200's maximum for the 0.6B, 95 % of an H100's).
+pair_rate() {
+  if [ -n "${PAIR_RATE:-}" ]; then echo "$PAIR_RATE"; return; fi
+  python3 -c 'import json, math, sys
+levels = json.load(open(sys.argv[1]))["results"]
+print(round(0.75 * max(r["request_s"] for r in levels if math.isinf(r["request_rate"])), 1))' \
+    "$OUT/serving-$1-load.json" 2>/dev/null || echo 74.2
+}
+
 # serving_pair LABEL "SERVE FLAGS A" "SERVE FLAGS B": PAIR_MODEL (default qwen3-0.6b, PAIR_PROMPTS
-# requests, default 1536) at PAIR_RATE (default 74.2 req/s: 75 % of an H200's maximum, 95 % of
-# an H100's), 512 in and out, four gateways, served with A and with B in turn, PAIR_ROUNDS times (default 2):
-# A then B, then B then A, so neither way always runs first on a fresh machine.
+# requests, default 1536) at pair_rate's rate, 512 in and out, four gateways, served with A and
+# with B in turn, PAIR_ROUNDS times (default 2): A then B, then B then A, so neither way always
+# runs first on a fresh machine.
 serving_pair() {
-  local label=$1 model=${PAIR_MODEL:-qwen3-0.6b} i flags order
+  local label=$1 model=${PAIR_MODEL:-qwen3-0.6b} i flags order rate
   save_model "$model"
+  rate=$(pair_rate "$model")
+  echo "$label pairs at $rate req/s" | tee -a "$LOG"
   for i in $(seq "${PAIR_ROUNDS:-2}"); do
     order=("$2" "$3"); [ $((i % 2)) = 0 ] && order=("$3" "$2")
     for flags in "${order[@]}"; do
       stage "$label serving $flags" 300 python3 -m radixserve.bench.serving --launch \
         --model "/tmp/models/$model" --num-prompts "${PAIR_PROMPTS:-1536}" \
         --input-len 512 --output-len 512 --temperature 0.6 --concurrency 256 \
-        --request-rate "${PAIR_RATE:-74.2}" --channels 32 --processes 4 \
+        --request-rate "$rate" --channels 32 --processes 4 \
         --json "$OUT/$label-serving-$model-${flags// /}-$SECONDS.json" \
         -- --device cuda --max-running-requests 256 --gateways 4 $flags
     done
