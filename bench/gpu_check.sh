@@ -32,7 +32,8 @@
 #   serving-load: the inter-token goal's measurement on this machine: the 0.6B's maximum rate at
 #   concurrency 256 (1,536 requests, four gateways over 32 connections, four client processes),
 #   then Poisson arrivals at SERVING_RATES of it (default 0.5,0.75,0.75,0.9), and the offline engine;
-#   serving-load-8b: the same for Qwen3-8B (SERVING_RATES=0.75 keeps it within the stage's time)
+#   serving-load-8b: the same for Qwen3-8B, 768 requests a level and only 0.75 by default (within
+#   the stage's time)
 #   gateways-serving: serving_pair (below) with PAIR_GATEWAYS gateways (default 8) and with four
 #   mixed-cap-serving: serving_pair with steps that decode held to PAIR_MIXED_TOKENS prefill tokens
 #   (default 512, one prompt of the workload) and with the learned cap alone; after serving-load
@@ -136,10 +137,12 @@ serving() {  # serving NAME
     -- --device cuda --max-running-requests 256 ${SERVING_FLAGS:-}
 }
 
-serving_load() {  # serving_load NAME: its maximum rate at concurrency 256, then fractions of it
-  SERVING_LEVELS=256 SERVING_RATES=${SERVING_RATES-0.5,0.75,0.75,0.9} \
+# serving_load NAME PROMPTS RATES: its maximum rate at concurrency 256, then SERVING_RATES (default
+# RATES) of it, PROMPTS requests a level
+serving_load() {
+  SERVING_LEVELS=256 SERVING_RATES=${SERVING_RATES-$3} \
     SERVING_FLAGS="--gateways 4 ${SERVING_FLAGS:-}" \
-    SERVING_BENCH_FLAGS="--channels 32 --processes 4 --num-prompts 1536 ${SERVING_BENCH_FLAGS:-}" \
+    SERVING_BENCH_FLAGS="--channels 32 --processes 4 --num-prompts $2 ${SERVING_BENCH_FLAGS:-}" \
     SERVING_LABEL=-load serving "$1"
 }
 
@@ -304,8 +307,8 @@ for s in "$@"; do
 print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                  stage constrained 400 "${SUITE[@]}" --model qwen3-0.6b --parts constrained "${TOK[@]}" ;;
     serving) serving qwen3-0.6b ;;
-    serving-load) serving_load qwen3-0.6b ;;
-    serving-load-8b) serving_load qwen3-8b ;;
+    serving-load) serving_load qwen3-0.6b 1536 0.5,0.75,0.75,0.9 ;;
+    serving-load-8b) serving_load qwen3-8b 768 0.75 ;;  # within the stage's time
     gateways-serving) serving_pair gateways "--gateways ${PAIR_GATEWAYS:-8}" "--gateways 4" ;;
     mixed-cap-serving) serving_pair mixed-cap "--mixed-prefill-tokens ${PAIR_MIXED_TOKENS:-512}" "" ;;
     abort) save_model qwen3-0.6b  # client cancel -> freed at 256 running, per ABORT_GATEWAYS count
