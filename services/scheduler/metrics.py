@@ -7,6 +7,7 @@ histograms are most of a full scrape's work, which the process's other threads w
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,8 +31,9 @@ class _SnapshotCollector(Collector):
     def collect(self) -> Iterator[Any]:
         return self._families(self._snapshot())
 
+    @abstractmethod
     def _families(self, s: dict[str, Any]) -> Iterator[Any]:
-        raise NotImplementedError
+        """Its metric families from snapshot `s` (every family, whatever `s` holds)."""
 
 
 class EngineCountsCollector(_SnapshotCollector):
