@@ -285,4 +285,7 @@ def test_the_warm_up_runs_a_step_with_decode_rows_beside_a_prefill(ckpt, make_ll
     _warm_up(core)
     counts, _ = core.stats()["step_seconds"]["mixed"]
     assert sum(counts) >= 1
+    # each such step is counted again in one class of its prefill's size
+    by_prefill = core.stats()["mixed_step_seconds"]
+    assert sum(sum(c) for c, _ in by_prefill.values()) == sum(counts)
     assert not core.has_work()
