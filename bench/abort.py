@@ -16,7 +16,11 @@ milliseconds are the client -> gateway -> scheduler path plus the wait for the e
 drain it, plus up to one HTTP poll (every 2 ms). The steps are counted to the free itself
 (`radixserve_engine_steps_at_last_free`): a step that ran between the free and the poll that saw
 it is not counted. Of the milliseconds, the client's own lag (from the bench's cancel to the
-call's loop making it) is shown apart.
+call's loop making it) is shown apart, and so are the aborts' own times in the services, from
+their histograms read around the cancels: in a gateway from the call's end to the abort written
+to the scheduler (`radixserve_abort_sent_seconds`), in the scheduler from its receipt to the free
+(`radixserve_abort_seconds`). What is left is the cancel's way from the client to the gateway's
+handler, and the write's to the scheduler.
 With --launch, serve gets --max-running-requests and --metrics-port.
 """
 
@@ -36,7 +40,7 @@ from typing import Any, TypeVar
 
 import grpc
 from radixserve.bench.process import add_stack_args, parse_stack_args, percentiles, stack
-from radixserve.bench.prometheus import ENGINE_STEPS, Reading, served_metrics
+from radixserve.bench.prometheus import ENGINE_STEPS, Reading, observed_ms, served_metrics
 from radixserve.v1 import generate_pb2 as pb
 from radixserve.v1 import generate_pb2_grpc as pb_grpc
 
@@ -184,11 +188,12 @@ class _Readers:
 
 def measure(target: str, metrics_url: str, running: int, cancels: int, output_len: int,
             seed: int = 0, channels: int = 1, read: bool = True,
-            processes: int = 1) -> dict[str, Any]:
+            processes: int = 1, gateway_urls: tuple[str, ...] = ()) -> dict[str, Any]:
     """`channels` client connections (in each process) carry the streams in turn (a server with
     several gateways on one port serves each connection on one of them); `read`: whether the
     client reads them; `processes` > 1: the streams not cancelled are held by that many - 1
-    reader processes."""
+    reader processes; `gateway_urls`: the gateways' metrics, whose abort timing (and the
+    scheduler's) is read around the cancels (`hops`)."""
     readers = None
     if processes > 1:
         readers = _Readers(target, channels, running - cancels, output_len, seed, read,
@@ -211,6 +216,7 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
             time.sleep(0.05)
         ms, lags, steps, channel_of = [], [], [], []
         doomed = random.Random(seed).sample(streams.calls, cancels)
+        hops_before = Reading.take([metrics_url, *gateway_urls])
         began, first_step = time.monotonic(), scrape(metrics_url)[1]
         for call in doomed:
             before, _, _ = scrape(metrics_url)
@@ -230,6 +236,7 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
             if now_running != before - 1:  # another request ended on its own: not measurable
                 raise SystemExit("a request finished during the run; raise --output-len")
         step_ms = (time.monotonic() - began) * 1000 / max(1, scrape(metrics_url)[1] - first_step)
+        hops = _hops(hops_before, [metrics_url, *gateway_urls], cancels, bool(gateway_urls))
     finally:
         streams.close()
         if readers is not None:
@@ -239,10 +246,27 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
     return {"running": running, "channels": channels, "processes": processes, "read": read,
             "cancels": cancels,
             "ms": percentiles(ms), "client_lag_ms": percentiles(lags), "step_ms": step_ms,
+            "hops": hops,
             "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)},
             # every cancel in the order made: where in the run the slow ones fall
             "each": [{"ms": round(t * 1000, 2), "lag_ms": round(lag * 1000, 2), "steps": n,
                       "channel": c} for t, lag, n, c in zip(ms, lags, steps, channel_of)]}
+
+
+def _hops(before: Reading, urls: list[str], cancels: int, gateways: bool) -> dict[str, Any]:
+    """The aborts' own timing over the cancels, from the services' histograms: in the gateway,
+    from the call's end to the abort written to the scheduler (the gateways write it just after
+    the scheduler may have freed it: waited for, a second at most); in the scheduler, from its
+    receipt to the free."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        after = Reading.take(urls)
+        sent = observed_ms(before, after, "radixserve_abort_sent_seconds")
+        if not gateways or sent["count"] >= cancels or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    freed = observed_ms(before, after, "radixserve_abort_seconds", (("source", "gateway"),))
+    return {"gateway_ms": sent if gateways else None, "scheduler_ms": freed}
 
 
 def _p99(values: list[int]) -> int:
@@ -261,6 +285,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"| ms | {r['ms']['p50']:.1f} | {r['ms']['p99']:.1f} | | <= 100 p99 |",
         f"| of it, the client's own lag before its cancel went out (ms) | "
         f"{r['client_lag_ms']['p50']:.1f} | {r['client_lag_ms']['p99']:.1f} | | |",
+        *_hop_rows(r.get("hops") or {}),
         f"| engine steps | {r['steps']['p50']} | {r['steps']['p99']} | {r['steps']['max']} "
         "| <= 2 |",
         "",
@@ -268,6 +293,17 @@ def format_table(r: dict[str, Any]) -> str:
             f"#{i} c{e['channel']}: {e['steps']}, {e['ms']:.1f}"
             for i, e in enumerate(r["each"]) if e["steps"] > 2) or "none"),
     ])
+
+
+def _hop_rows(hops: dict[str, Any]) -> list[str]:
+    """The table's rows of the aborts' own timing (`_hops`), where it was read."""
+    rows = []
+    for key, what in (("gateway_ms", "in a gateway, from the call's end to the abort written"),
+                      ("scheduler_ms", "in the scheduler, from the abort's receipt to the free")):
+        q = hops.get(key)
+        if q and q["count"]:
+            rows.append(f"| of it, {what} (ms) | {q['p50']:.1f} | {q['p99']:.1f} | | |")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,15 +332,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need 0 < --cancels <= --running")
     if args.processes < 1:
         p.error("need --processes >= 1")
-    url, serve_flags = args.metrics, extra
+    url, serve_flags, gateways = args.metrics, extra, []
     if args.launch:
-        serve_flags, _, schedulers = served_metrics(
+        serve_flags, gateways, schedulers = served_metrics(
             ["--max-running-requests", str(args.running), *extra])
         url = schedulers[0]
     with stack(args, serve_flags) as (target, _):
         result = measure(target, url, args.running, args.cancels, args.output_len,
                          channels=args.channels, read=not args.unread,
-                         processes=args.processes)
+                         processes=args.processes, gateway_urls=tuple(gateways))
     print(format_table(result))
     if args.json_path:
         with open(args.json_path, "w") as f:

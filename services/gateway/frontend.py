@@ -331,6 +331,11 @@ class Frontend(SchedulerEvents):
         if self._metrics is not None:
             self._metrics.on_step_arrival(times)
 
+    def on_aborts_sent(self, waited_s: list[float]) -> None:
+        if self._metrics is not None:
+            for seconds in waited_s:
+                self._metrics.abort_sent.observe(seconds)
+
     def on_lost(self, message: str) -> None:
         self._fail_all(grpc.StatusCode.UNAVAILABLE, message)
 

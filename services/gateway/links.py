@@ -74,6 +74,8 @@ class SchedulerEvents:
 
     def on_accepted(self, rid: str) -> None: ...
     def on_rejected(self, rid: str, failure: Failure) -> None: ...
+    def on_aborts_sent(self, waited_s: list[float]) -> None:
+        """Aborts reached a scheduler's Submit stream, each `waited_s` after it was asked for."""
     def on_output(self, output: Output) -> None: ...
     def on_step(self, times: StepTimes) -> None:
         """A step's outputs arrived from a detokenizer (before its `on_output` calls)."""
@@ -182,6 +184,9 @@ class Links(ReplicaEvents):
             self.events.on_accepted(rid)
         for rid, failure in acks.rejected:
             self.events.on_rejected(rid, failure)
+
+    def on_aborts_sent(self, waited_s: list[float]) -> None:
+        self.events.on_aborts_sent(waited_s)
 
     def on_lost(self, replica: SchedulerReplica, message: str) -> None:
         self.router.forget(replica.address)  # a restarted replica starts with an empty cache

@@ -98,6 +98,13 @@ class GatewayMetrics:
             buckets=_ITL_BUCKETS,
             registry=self.registry,
         )
+        self.abort_sent = Histogram(
+            "radixserve_abort_sent_seconds",
+            "From this gateway ending a request early (a client's cancel, a deadline, the Abort "
+            "RPC) to its abort written to the scheduler's Submit stream",
+            buckets=_HOP_BUCKETS,
+            registry=self.registry,
+        )
         self.routed = Counter(
             "radixserve_replica_routed_requests", "Completions sent to each scheduler replica",
             ["replica"], registry=self.registry,

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.message import Message
@@ -33,10 +33,17 @@ class ReplicaEvents:
     """What a replica tells the gateway (all called on the event loop)."""
 
     def on_acks(self, acks: Acks) -> None: ...
+    def on_aborts_sent(self, waited_s: list[float]) -> None:
+        """Aborts went out on the Submit stream, each `waited_s` after it was asked for."""
     def on_lost(self, replica: SchedulerReplica, message: str) -> None: ...
     def on_change(self, replica: SchedulerReplica) -> None: ...
     def admits(self, replica: SchedulerReplica, info: ModelInfo) -> str | None:
         """None to admit a replica serving `info`, else why not."""
+
+
+class _Abort(NamedTuple):
+    rid: str
+    at: float  # when it was asked for (time.perf_counter())
 
 
 class SchedulerReplica:
@@ -55,7 +62,7 @@ class SchedulerReplica:
         self._md = metadata
         self._retry_s = retry_s
         self._stats_interval_s = stats_interval_s
-        self._submits: Outbox[list[Message] | str] = Outbox()  # str: an abort id
+        self._submits: Outbox[list[Message] | _Abort] = Outbox()
         self.model_info: ModelInfo | None = None
         self.connected = False  # Submit stream up (requests sent now reach it)
         self.health_serving = False
@@ -107,7 +114,7 @@ class SchedulerReplica:
         self._submits.put(requests)
 
     def abort(self, rid: str) -> None:
-        self._submits.put(rid)
+        self._submits.put(_Abort(rid, time.perf_counter()))
 
     # -- connection lifecycle --------------------------------------------------------------------
     async def run(self) -> None:
@@ -158,10 +165,14 @@ class SchedulerReplica:
     async def _pump(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
             batch = await self._submits.take_batch()
+            aborts = [item for item in batch if isinstance(item, _Abort)]
             await call.write(convert.submit_to_pb(
-                [r for item in batch if not isinstance(item, str) for r in item],
-                [item for item in batch if isinstance(item, str)],
+                [r for item in batch if not isinstance(item, _Abort) for r in item],
+                [a.rid for a in aborts],
             ))
+            if aborts:
+                now = time.perf_counter()
+                self._events.on_aborts_sent([now - a.at for a in aborts])
 
     async def _read_acks(self, call: grpc.aio.StreamStreamCall) -> None:
         async for response in call:

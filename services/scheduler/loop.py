@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import grpc
 from radixserve.engine.sampling.params import InvalidRequestError, SamplingParams
+from radixserve.engine.step_times import HOST_BOUNDS, TimeHistogram
 from radixserve.services.scheduler.groups import Refused, add_whole, partition
 from radixserve.services.scheduler.profiling import EngineProfile
 from radixserve.services.scheduler.types import (
@@ -38,6 +39,9 @@ from radixserve.services.scheduler.types import (
 )
 
 log = logging.getLogger(__name__)
+# Where a timed abort came from: a gateway (a client's cancel, a deadline, the Abort RPC) or the
+# detokenizer (a stop string matched)
+ABORT_SOURCES = ("gateway", "stop_string")
 
 
 class EngineLike(Protocol):
@@ -114,6 +118,8 @@ class EngineLoop:
         # engine steps run when an abort last freed a request: the abort bench counts the steps
         # between a cancel and its free from this, not from a later snapshot that a poll reads
         self._steps_at_free = 0
+        # from the scheduler receiving an abort to the engine having freed its request, by source
+        self._abort_times = TimeHistogram(ABORT_SOURCES, HOST_BOUNDS)
         self._fired = False
         self._profile = EngineProfile.from_env()  # None unless the benchmark hook is set
 
@@ -237,6 +243,7 @@ class EngineLoop:
         """Replace the snapshot other threads read (queue_full, metrics) with the engine's now."""
         self.stats = {**engine.stats(), "engine_steps_total": self._steps,
                       "engine_steps_at_last_free": self._steps_at_free,
+                      "abort_seconds": self._abort_times.snapshot(),
                       # this thread's CPU time: beside the engine's host phases (wall time), what
                       # it spent waiting for the interpreter other threads held
                       "engine_thread_cpu_seconds": time.thread_time()}
@@ -266,8 +273,10 @@ class EngineLoop:
             return
         for group in partition(command.requests):
             self._add(engine, command.owner, group, it)
+        source = ABORT_SOURCES[command.owner is None]
         for rid in command.abort_ids:
-            self._abort(engine, rid, it)
+            if self._abort(engine, rid, it):
+                self._abort_times.observe(source, time.perf_counter() - command.received_s)
 
     def _add(self, engine: EngineLike, owner: Hashable, group: list[NewRequest],
              it: _Iteration) -> None:
@@ -305,13 +314,16 @@ class EngineLoop:
             return waiting
         return max(0, waiting - max(0, slots - int(stats.get("running_requests", 0))))
 
-    def _abort(self, engine: EngineLike, rid: str, it: _Iteration) -> None:
+    def _abort(self, engine: EngineLike, rid: str, it: _Iteration) -> bool:
+        """Abort `rid` in the engine; whether that freed a request it held."""
         self._owner.pop(rid, None)
         # A request added in this same iteration was never announced to the detokenizer; dropping
         # its setup keeps the detokenizer from holding state for a request that never runs.
         it.setups.pop(rid, None)
-        if engine.abort(rid):
-            it.aborted.append(rid)
+        if not engine.abort(rid):
+            return False
+        it.aborted.append(rid)
+        return True
 
 
 def _warm_up(engine: EngineLike) -> None:

@@ -127,6 +127,11 @@ class EngineTimesCollector(_SnapshotCollector):
             "The engine thread's time in each phase of a step: loop (between steps), schedule, "
             "launch, commands, wait (for the device), process",
             "phase", HOST_BOUNDS, s.get("host_seconds", {}))
+        yield _histogram(
+            "radixserve_abort_seconds",
+            "From the scheduler receiving an abort to the engine having freed its request; "
+            "source: gateway (a client's cancel, a deadline, the Abort RPC) or stop_string (the "
+            "detokenizer matched one)", "source", HOST_BOUNDS, s.get("abort_seconds", {}))
 
 
 def _histogram(name: str, doc: str, label: str, bounds: tuple[float, ...],

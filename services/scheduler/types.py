@@ -3,8 +3,9 @@ the engine loop sends on after each step."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import grpc
@@ -44,6 +45,8 @@ class Submission:
     owner: Hashable | None
     requests: Sequence[NewRequest] = ()
     abort_ids: Sequence[str] = ()
+    # when the scheduler received it (time.perf_counter()): how long its aborts took to free
+    received_s: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(frozen=True)

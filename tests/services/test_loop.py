@@ -246,6 +246,15 @@ def test_loop_abort_frees_before_the_next_step_and_shows_it() -> None:
         assert steps <= freed_at <= steps + 1
         wait_for(lambda: lp.stats["engine_steps_total"] >= freed_at + 2)
         assert lp.stats["engine_steps_at_last_free"] == freed_at
+        # The abort is timed from its receipt to the free, by where it came from: within the
+        # step it waited for. One that frees nothing (already gone) is not timed.
+        lp.submit(Submission("gw", abort_ids=["a"]))
+        lp.submit(Submission(None, abort_ids=["b"]))  # as the detokenizer's stop string
+        wait_for(lambda: lp.stats.get("running_requests") == 0)
+        timed = lp.stats["abort_seconds"]
+        (counts, seconds), (stops, _) = timed["gateway"], timed["stop_string"]
+        assert sum(counts) == 1 and sum(stops) == 1
+        assert 0 < seconds < time.monotonic() - t0
     finally:
         lp.stop(1.0)
 

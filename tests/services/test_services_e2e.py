@@ -340,8 +340,9 @@ def test_bench_abort_smoke(stack: Stack) -> None:
     from radixserve.bench import abort as bench_abort
 
     url = f"http://127.0.0.1:{stack.metrics_port + 1}/metrics"
+    gateway = f"http://127.0.0.1:{stack.metrics_port}/metrics"
     result = bench_abort.measure(stack.target, url, running=8, cancels=4, output_len=3000,
-                                 processes=2)
+                                 processes=2, gateway_urls=(gateway,))
     table = bench_abort.format_table(result)
     assert result["processes"] == 2 and "by 2 client process(es)" in table
     # each cancel leaves the client before its request is freed
@@ -349,6 +350,10 @@ def test_bench_abort_smoke(stack: Stack) -> None:
     assert result["ms"]["p50"] > 0 and result["step_ms"] > 0, table
     assert 0 <= result["steps"]["p50"] <= result["steps"]["max"], table
     assert "| engine steps |" in table
+    # each abort timed in the gateway (to its write) and in the scheduler (to the free)
+    hops = result["hops"]
+    assert hops["gateway_ms"]["count"] == hops["scheduler_ms"]["count"] == 4, hops
+    assert "from the abort's receipt to the free" in table
     # every cancel is kept in order, with the channel that carried it
     assert [e["channel"] for e in result["each"]] == [0, 0, 0, 0], result["each"]
     assert max(e["steps"] for e in result["each"]) == result["steps"]["max"]

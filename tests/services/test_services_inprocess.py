@@ -57,6 +57,14 @@ def test_client_cancel_aborts_in_engine_and_frees_every_map(demo_path: str, n: i
         # (docs/reliability.md #11).
         assert all(stack.engine.abort_steps[rid] - cancelled_at <= 2
                    for rid in stack.engine.aborted)
+        # The gateway timed each completion's abort to its write on the Submit stream.
+        registry = stack.gateway.metrics.registry
+
+        def sent(suffix: str) -> float:
+            return registry.get_sample_value(f"radixserve_abort_sent_seconds_{suffix}") or 0.0
+
+        await until(lambda: sent("count") == n)
+        assert 0 <= sent("sum") < 5.0
         await until(lambda: idle(stack))
         # The id is reusable at once.
         res = await acollect(stub, request([5], max_new_tokens=2, request_id="c"))
