@@ -108,30 +108,30 @@ class EngineCountsCollector(_SnapshotCollector):
         )
 
 
+# (name, help, label, bounds, snapshot key) of the TimeHistograms the engine and its loop keep
+_TIME_HISTOGRAMS = (
+    ("radixserve_engine_step_seconds",
+     "Engine steps that decoded, from the previous step's read to their own (the gap each running "
+     "stream saw); kind: mixed (they also prefilled) or decode", "kind", BOUNDS, "step_seconds"),
+    ("radixserve_engine_mixed_step_seconds",
+     "The engine steps that decoded beside prefill, by their prefill (budget units: tokens under "
+     "the default budget)", "prefill", BOUNDS, "mixed_step_seconds"),
+    ("radixserve_engine_host_seconds",
+     "The engine thread's time in each phase of a step: loop (between steps), schedule, launch, "
+     "commands, wait (for the device), process", "phase", HOST_BOUNDS, "host_seconds"),
+    ("radixserve_abort_seconds",
+     "From the scheduler receiving an abort to the engine having freed its request; source: "
+     "gateway (a client's cancel, a deadline, the Abort RPC) or stop_string (the detokenizer "
+     "matched one)", "source", HOST_BOUNDS, "abort_seconds"),
+)
+
+
 class EngineTimesCollector(_SnapshotCollector):
-    """The engine's step and host-phase histograms."""
+    """The engine's step and host-phase histograms, and the loop's abort times."""
 
     def _families(self, s: dict[str, Any]) -> Iterator[Any]:
-        yield _histogram(
-            "radixserve_engine_step_seconds",
-            "Engine steps that decoded, from the previous step's read to their own (the gap each "
-            "running stream saw); kind: mixed (they also prefilled) or decode",
-            "kind", BOUNDS, s.get("step_seconds", {}))
-        yield _histogram(
-            "radixserve_engine_mixed_step_seconds",
-            "The engine steps that decoded beside prefill, by their prefill (budget units: "
-            "tokens under the default budget)", "prefill", BOUNDS,
-            s.get("mixed_step_seconds", {}))
-        yield _histogram(
-            "radixserve_engine_host_seconds",
-            "The engine thread's time in each phase of a step: loop (between steps), schedule, "
-            "launch, commands, wait (for the device), process",
-            "phase", HOST_BOUNDS, s.get("host_seconds", {}))
-        yield _histogram(
-            "radixserve_abort_seconds",
-            "From the scheduler receiving an abort to the engine having freed its request; "
-            "source: gateway (a client's cancel, a deadline, the Abort RPC) or stop_string (the "
-            "detokenizer matched one)", "source", HOST_BOUNDS, s.get("abort_seconds", {}))
+        for name, doc, label, bounds, key in _TIME_HISTOGRAMS:
+            yield _histogram(name, doc, label, bounds, s.get(key, {}))
 
 
 def _histogram(name: str, doc: str, label: str, bounds: tuple[float, ...],
