@@ -48,13 +48,14 @@ T = TypeVar("T")
 
 
 POLLED = ("radixserve_running_requests", ENGINE_STEPS, "radixserve_engine_steps_at_last_free")
+POLL_QUERY = urllib.parse.urlencode([("name[]", name) for name in POLLED])
 
 
 def scrape(url: str) -> tuple[int, int, int]:
     """(running requests, engine steps, engine steps when an abort last freed a request) from
     the scheduler's metrics. Only these are asked for (`name[]`): a full scrape builds the
     engine's histograms too, in the scheduler process, every poll."""
-    reading = Reading.take([f"{url}?{urllib.parse.urlencode([('name[]', n) for n in POLLED])}"])
+    reading = Reading.take([f"{url}?{POLL_QUERY}"])
     running, steps, at_free = (int(reading.total(name)) for name in POLLED)
     return running, steps, at_free
 
@@ -236,7 +237,7 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
             if now_running != before - 1:  # another request ended on its own: not measurable
                 raise SystemExit("a request finished during the run; raise --output-len")
         step_ms = (time.monotonic() - began) * 1000 / max(1, scrape(metrics_url)[1] - first_step)
-        hops = _hops(hops_before, [metrics_url, *gateway_urls], cancels, bool(gateway_urls))
+        hops = _hops(hops_before, metrics_url, gateway_urls, cancels)
     finally:
         streams.close()
         if readers is not None:
@@ -253,20 +254,22 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
                       "channel": c} for t, lag, n, c in zip(ms, lags, steps, channel_of)]}
 
 
-def _hops(before: Reading, urls: list[str], cancels: int, gateways: bool) -> dict[str, Any]:
-    """The aborts' own timing over the cancels, from the services' histograms: in the gateway,
-    from the call's end to the abort written to the scheduler (the gateways write it just after
-    the scheduler may have freed it: waited for, a second at most); in the scheduler, from its
+def _hops(before: Reading, scheduler_url: str, gateway_urls: tuple[str, ...],
+          cancels: int) -> dict[str, Any]:
+    """The aborts' own timing over the cancels, from the services' histograms (`before`: read
+    from the scheduler and the gateways ahead of them): in the gateways, from the call's end to
+    the abort written to the scheduler (a gateway counts it just after the scheduler may have
+    freed it: waited for, a second at most; None without gateway_urls); in the scheduler, from its
     receipt to the free."""
     deadline = time.monotonic() + 1.0
     while True:
-        after = Reading.take(urls)
+        after = Reading.take([scheduler_url, *gateway_urls])
         sent = observed_ms(before, after, "radixserve_abort_sent_seconds")
-        if not gateways or sent["count"] >= cancels or time.monotonic() > deadline:
+        if not gateway_urls or sent["count"] >= cancels or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     freed = observed_ms(before, after, "radixserve_abort_seconds", (("source", "gateway"),))
-    return {"gateway_ms": sent if gateways else None, "scheduler_ms": freed}
+    return {"gateway_ms": sent if gateway_urls else None, "scheduler_ms": freed}
 
 
 def _p99(values: list[int]) -> int:

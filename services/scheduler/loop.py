@@ -273,7 +273,7 @@ class EngineLoop:
             return
         for group in partition(command.requests):
             self._add(engine, command.owner, group, it)
-        source = ABORT_SOURCES[command.owner is None]
+        source = "stop_string" if command.owner is None else "gateway"  # ABORT_SOURCES
         for rid in command.abort_ids:
             if self._abort(engine, rid, it):
                 self._abort_times.observe(source, time.perf_counter() - command.received_s)
