@@ -27,6 +27,7 @@ BENCHMARKS = {
     "profile": "where a step's time goes, host phase by phase",
     "kernels": "GPU kernel micro-benchmarks and ceilings",
     "resources": "registers, local and shared memory of the Triton kernels, compiled without a GPU",
+    "cap": "the learned prefill cap of steps that decode, on simulated noisy steps",
     "copies": "host time of a decode step's small copies: torch's host allocator or own buffers",
     "control": "tensor-parallel control plane per step: plan build, send, receive (CPU)",
     "cores": "which CPUs slow Python work on one CPU when busy (hidden SMT siblings, host load)",

@@ -43,7 +43,10 @@ steps clear.
 Where the fixed cost alone breaks the ratio (a host too slow for a mixed step's launches makes
 such a step as long at any prefill), c would shrink the cap step after step, and no cap keeps the
 ratio there: the cap is then no smaller than what a step's fixed part amortizes
-(`prefill_within`).
+(`prefill_within`). Where the steps with prefill stay within the allowance, the ratio's cap is
+all there is, however noisy the steps: it grows by itself where the prefill cost less than c
+said, and a floor that doubles the largest prefill whenever the window shows no slope would, on
+steps whose noise hides the slope, double the cap window after window.
 
 Measuring a step: with overlap, the engine reads step N's outputs after it launched step N + 1,
 so the device ran N between the moment N - 1's outputs were read (or N was scheduled, if later:
@@ -145,18 +148,26 @@ class StepCost:
         on a host too slow for its launches), no budget keeps it and a smaller one only makes
         more such steps: c, which counts f in every unit, would shrink the budget step after
         step. The budget is then at least f / c' (each step's prefill costs no more than its
-        fixed part), or, where steps of twofold prefills took the same, twice the largest of
-        them (prefill that rides free under the host's time, until the device's shows). Never
-        under MIN_PREFILL_SAMPLE, below which the steps would teach the costs nothing more."""
+        fixed part), or, where steps of twofold prefills took the same and beyond the allowance,
+        twice the largest of them (prefill that rides free under the host's time, until the
+        device's shows). Steps within the allowance keep the ratio's budget even where their
+        prefills' sizes are lost in the steps' noise: that budget grows by itself where the
+        prefill costs less than it counted, and doubling there would let a window of noisy steps
+        double it again and again. Never under MIN_PREFILL_SAMPLE, below which the steps would
+        teach the costs nothing more."""
         if self._decode_s is None or self._per_unit_s is None:
             return None
         allowance = (ratio - 1) * self._decode_s
         cap = allowance / self._per_unit_s
-        if self._free_up_to is not None:
+        if self._free_up_to is not None and self._extra_s() >= allowance:
             cap = max(cap, 2 * self._free_up_to)
         elif self._fitted_slope is not None and self._fixed_s >= allowance:
             cap = max(cap, self._fixed_s / self._slope_s)
         return max(MIN_PREFILL_SAMPLE, cap)
+
+    def _extra_s(self) -> float:
+        """What the window's steps with prefill took beyond a decode step, at their median."""
+        return median(extra for _, extra in self._mixed)
 
     def chunk_within_slack(self, largest: float, slack: float) -> float | None:
         """The smallest chunk of a long prompt beside decodes that keeps its prefill within

@@ -142,6 +142,21 @@ def test_a_host_bound_mixed_step_does_not_shrink_the_cap_step_after_step():
     assert cost.prefill_within(1.5) == pytest.approx(900, rel=0.05)
 
 
+def test_noise_that_hides_the_slope_within_the_allowance_keeps_the_ratios_cap():
+    """Steps with prefill that stay within the allowance (1.7 ms beside a 3.4-ms decode step)
+    but whose noise hides what twice the prefill costs (650 tokens took 0.1 ms less than 300):
+    the ratio's cap holds. Doubling the largest prefill there, as for a host-bound step, would
+    take the cap to 1,300, and the next such window to twice its own largest."""
+    cost = StepCost()
+    for i in range(WINDOW):
+        cost.observe(128, 0, 3.4 * MS)
+        p, extra = (300, 1.2 * MS) if i % 2 else (650, 1.1 * MS)
+        cost.observe(128, p, 3.4 * MS + extra)
+    assert cost.per_unit_s == pytest.approx(1.1 * MS / 650)  # the median, of the 650s (8 of 15)
+    assert cost.prefill_within(1.5) == pytest.approx(1.7 * MS / cost.per_unit_s)  # 1,005
+    assert cost.prefill_within(1.5) < 2 * 650
+
+
 def test_the_cap_follows_the_decode_step():
     """More rows make a longer decode step, and then a mixed step may carry more prefill."""
     cost = _taught(10 * MS, 0.02 * MS)
