@@ -3,9 +3,11 @@
 The abort-latency target (docs/reliability.md, Targets): <= 2 engine steps and <= 100 ms p99 at 256
 running requests. The bench opens --running streams (token-id prompts, ignore_eos, long enough to
 outlast the run) and reads them as a client that shows its tokens would (--unread: not at all),
-waits until the scheduler runs all of them, then cancels --cancels of them one at a time. One
-Python client reads some 20k tokens a second, less than 256 streams of a GPU's decode steps carry,
-and a client that falls behind delays its own cancels; with --processes P, P - 1 reader processes
+waits until the scheduler runs all of them and then --settle-s more (the last admissions' first
+tokens still crossing the plane are a burst, not the running state the target names), then
+cancels --cancels of them one at a time. One Python client reads some 20k tokens a second, less
+than 256 streams of a GPU's decode steps carry, and a client that falls behind delays its own
+cancels; with --processes P, P - 1 reader processes
 hold and read the streams that stay, and this one holds only those it cancels. For each
 it polls the scheduler's Prometheus endpoint (`radixserve_running_requests`,
 `radixserve_engine_steps_total`) until the running count drops by one: the time from the cancel to
@@ -189,12 +191,14 @@ class _Readers:
 
 def measure(target: str, metrics_url: str, running: int, cancels: int, output_len: int,
             seed: int = 0, channels: int = 1, read: bool = True,
-            processes: int = 1, gateway_urls: tuple[str, ...] = ()) -> dict[str, Any]:
+            processes: int = 1, gateway_urls: tuple[str, ...] = (),
+            settle_s: float = 0.0) -> dict[str, Any]:
     """`channels` client connections (in each process) carry the streams in turn (a server with
     several gateways on one port serves each connection on one of them); `read`: whether the
     client reads them; `processes` > 1: the streams not cancelled are held by that many - 1
     reader processes; `gateway_urls`: the gateways' metrics, whose abort timing (and the
-    scheduler's) is read around the cancels (`hops`)."""
+    scheduler's) is read around the cancels (`hops`); `settle_s`: how long the streams run once
+    all are running before the first cancel."""
     readers = None
     if processes > 1:
         readers = _Readers(target, channels, running - cancels, output_len, seed, read,
@@ -215,6 +219,9 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
                        else streams.failures[:3] or "no stream failed")
                 raise SystemExit(f"the scheduler never ran {running} requests at once ({why})")
             time.sleep(0.05)
+        time.sleep(settle_s)
+        if scrape(metrics_url)[0] != running:
+            raise SystemExit("a request finished while the streams settled; raise --output-len")
         ms, lags, steps, channel_of = [], [], [], []
         doomed = random.Random(seed).sample(streams.calls, cancels)
         hops_before = Reading.take([metrics_url, *gateway_urls])
@@ -245,7 +252,7 @@ def measure(target: str, metrics_url: str, running: int, cancels: int, output_le
     if streams.failures:
         raise SystemExit(f"{len(streams.failures)} streams failed: {streams.failures[:3]}")
     return {"running": running, "channels": channels, "processes": processes, "read": read,
-            "cancels": cancels,
+            "cancels": cancels, "settle_s": settle_s,
             "ms": percentiles(ms), "client_lag_ms": percentiles(lags), "step_ms": step_ms,
             "hops": hops,
             "steps": {"p50": sorted(steps)[len(steps) // 2], "p99": _p99(steps), "max": max(steps)},
@@ -280,7 +287,8 @@ def _p99(values: list[int]) -> int:
 def format_table(r: dict[str, Any]) -> str:
     return "\n".join([
         (f"{r['cancels']} cancels, one at a time, at {r['running']} running requests, their "
-        f"streams {'read' if r['read'] else 'unread'} by {r['processes']} client process(es) "
+        f"streams {'read' if r['read'] else 'unread'} by {r['processes']} client process(es), "
+        f"the first cancel {r.get('settle_s', 0):g} s after all ran "
         f"(engine step: {r['step_ms']:.1f} ms on "
         "average during the run)"),
         "",
@@ -327,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unread", action="store_true",
                    help="leave the streams unread, as a client that stopped reading (the "
                         "gateway's writes then wait on full flow-control windows)")
+    p.add_argument("--settle-s", type=float, default=1.0,
+                   help="how long the streams run once all are running, before the first cancel "
+                        "(the last admissions' first tokens are still crossing the plane then)")
     p.add_argument("--json", dest="json_path", help="write the result here")
     args, extra = parse_stack_args(p, argv)
     if not args.launch and not args.metrics:
@@ -343,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     with stack(args, serve_flags) as (target, _):
         result = measure(target, url, args.running, args.cancels, args.output_len,
                          channels=args.channels, read=not args.unread,
-                         processes=args.processes, gateway_urls=tuple(gateways))
+                         processes=args.processes, gateway_urls=tuple(gateways),
+                         settle_s=args.settle_s)
     print(format_table(result))
     if args.json_path:
         with open(args.json_path, "w") as f:

@@ -47,7 +47,8 @@
 #   abort: cancel -> freed at 256 running, through each count of gateways in ABORT_GATEWAYS (default
 #   4, what `serve --gateways auto` starts on a 16-core host; two client connections a gateway, in
 #   each client process, where there are several),
-#   from ABORT_PROCESSES client processes (default 4: three read the streams that stay)
+#   from ABORT_PROCESSES client processes (default 4: three read the streams that stay), the first
+#   cancel each of ABORT_SETTLE seconds after all ran (default 1; "0 1": both, in turn)
 #   mixed: decode steps of 128 and 256 rows, alone and each carrying one new prompt of 128 or 512
 #   tokens (bench profile --mixed), host phases split; the decode rows of those steps through the
 #   decode kernel (split_mixed_attention, the default) and through the prefill kernel
@@ -313,11 +314,13 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
     mixed-cap-serving) serving_pair mixed-cap "--mixed-prefill-tokens ${PAIR_MIXED_TOKENS:-512}" "" ;;
     abort) save_model qwen3-0.6b  # client cancel -> freed at 256 running, per ABORT_GATEWAYS count
            for g in ${ABORT_GATEWAYS:-4}; do
-             stage "abort gateways=$g" 200 python3 -m radixserve.bench.abort --launch \
-               --model /tmp/models/qwen3-0.6b --running 256 --cancels 64 --output-len 4000 \
-               --channels $((g == 1 ? 1 : 2 * g)) --processes "${ABORT_PROCESSES:-4}" \
-               --json "$OUT/abort-g$g.json" -- --device cuda \
-               --gateways $g
+             for settle in ${ABORT_SETTLE:-1}; do
+               stage "abort gateways=$g settle=$settle" 200 python3 -m radixserve.bench.abort \
+                 --launch --model /tmp/models/qwen3-0.6b --running 256 --cancels 64 \
+                 --output-len 4000 --channels $((g == 1 ? 1 : 2 * g)) \
+                 --processes "${ABORT_PROCESSES:-4}" --settle-s "$settle" \
+                 --json "$OUT/abort-g$g-s$settle.json" -- --device cuda --gateways $g
+             done
            done ;;
     overload) overload "" ;;  # 3x the saturating rate: refusal latency, admitted ITL
     graph-prefill) for keys in 0 "${GRAPH_PREFILL_KEYS:-16384}"; do  # short prompts in the decode graphs, or not (0)
