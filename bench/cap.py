@@ -28,6 +28,7 @@ from collections import deque
 from typing import Any
 
 from radixserve.bench.common import print_table, write_json
+from radixserve.bench.driver import percentile
 from radixserve.engine.config import GRAPHED_MIXED_STEP_RATIO, EngineConfig
 from radixserve.engine.scheduler.step_cost import StepCost
 
@@ -40,11 +41,6 @@ def _poisson(rng: random.Random, mean: float) -> int:
     while p >= threshold:
         k, p = k + 1, p * rng.random()
     return k
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def simulate(args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -82,14 +78,14 @@ def simulate(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             caps.append(cap)
     share = len(mixed) / len(steps)
     caps, mixed, waits = caps or [0.0], mixed or [0.0], waits or [0]  # nothing arrived
-    p50, p99 = _quantile(steps, 0.5), _quantile(steps, 0.99)
+    p50, p99 = percentile(steps, 50), percentile(steps, 99)
     return {
-        "seed": seed, "cap": {q: _quantile(caps, v) for q, v in
-                              (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))},
+        "seed": seed, "cap": {q: percentile(caps, v) for q, v in
+                              (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))},
         "mixed_share": share, "step_ms": {"p50": p50, "p99": p99},
         "ratio": p99 / p50,
-        "mixed_ms": {"p50": _quantile(mixed, 0.5), "p99": _quantile(mixed, 0.99)},
-        "wait_steps": {"p50": _quantile(waits, 0.5), "p99": _quantile(waits, 0.99)},
+        "mixed_ms": {"p50": percentile(mixed, 50), "p99": percentile(mixed, 99)},
+        "wait_steps": {"p50": percentile(waits, 50), "p99": percentile(waits, 99)},
     }
 
 
