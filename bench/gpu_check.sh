@@ -319,7 +319,7 @@ print('xgrammar', m.version('xgrammar'), 'pydantic', m.version('pydantic'))"
                  --launch --model /tmp/models/qwen3-0.6b --running 256 --cancels 64 \
                  --output-len 4000 --channels $((g == 1 ? 1 : 2 * g)) \
                  --processes "${ABORT_PROCESSES:-4}" --settle-s "$settle" \
-                 --json "$OUT/abort-g$g-s$settle.json" -- --device cuda --gateways $g
+                 --json "$OUT/abort-g$g-s$settle-$SECONDS.json" -- --device cuda --gateways $g
              done
            done ;;
     overload) overload "" ;;  # 3x the saturating rate: refusal latency, admitted ITL
